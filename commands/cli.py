@@ -1,0 +1,67 @@
+"""The `icml` root group: lazy subcommands, global flags, error boundary, BrokenPipe-safe entry point."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from icmltools import __version__
+
+from .registry import COMMANDS
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "ICML", "show_default": True}
+
+
+class LazyGroup(click.Group):
+    """Imports a subcommand's module only when that subcommand runs (click docs, lazy loading)."""
+
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        module, _ = COMMANDS[name]
+        mod = importlib.import_module(f"icmltools.commands.{module}")
+        return mod.cli
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        from .common import run_guarded
+
+        return run_guarded(lambda: super(LazyGroup, self).invoke(ctx))
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS,
+             epilog="Examples:\n\n\b\n  icml onemax-sim | jq .result.worst_case\n  icml env\n  icml fope-train --help")
+@click.version_option(__version__, "--version", prog_name="icml")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or logs on stderr.")
+@click.option("-v", "--verbose", count=True, help="More logs on stderr (-vv for debug).")
+@click.pass_context
+def cli(ctx, quiet, verbose):
+    """icml: ICML 2025 methods as command-line tools.
+
+    Every command prints exactly one JSON document on stdout (pipe it into jq);
+    progress and logs go to stderr. Set ICML_DEBUG=1 for tracebacks.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["quiet"] = quiet
+    ctx.obj["verbose"] = verbose
+
+
+def main(argv=None):
+    """Console-script entry point; exits quietly when stdout is closed early (`| head`)."""
+    try:
+        cli.main(args=argv, prog_name="icml")
+    except BrokenPipeError:
+        # Python flushes stdout at exit; point it at devnull so that flush does not raise again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)

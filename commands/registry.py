@@ -1,0 +1,15 @@
+"""The subcommand registry: name -> (module, short help), so `icml --help` imports no command module.
+
+Add one line per subcommand; the module (under `icmltools.commands`) must define `cli`.
+"""
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    # name: (module in icmltools.commands, short help shown by `icml --help`)
+    "env": ("env", "Versions, devices and threads of this installation, as JSON."),
+    "onemax-sim": ("onemax_sim", "Learning-augmented one-max search: Pareto-optimal smooth rules vs baselines."),
+    # registry:fope-train
+    # registry:negmerge
+    # registry:subset-select
+    # registry:reopt
+    # registry:goskill
+}

@@ -1,0 +1,97 @@
+"""Safe checkpoint loading and atomic saving.
+
+Never unpickles arbitrary objects: `torch.load(..., weights_only=True)`; safetensors preferred.
+Every failure (missing, truncated, corrupt, a pickle that needs code) becomes a `BadInputError` that
+names the file.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInputError
+from .jsonio import atomic_path
+
+SAFETENSORS_SUFFIXES = (".safetensors",)
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+
+
+def _check_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise BadInputError(f"{p}: no such file")
+    if not p.is_file():
+        raise BadInputError(f"{p}: not a regular file")
+    if p.stat().st_size == 0:
+        raise BadInputError(f"{p}: file is empty")
+    return p
+
+
+def safe_torch_load(path: str | os.PathLike, map_location: str = "cpu") -> Any:
+    """`torch.load` with `weights_only=True`; corrupt or code-carrying pickles raise `BadInputError`."""
+    import pickle
+
+    import torch
+
+    p = _check_file(path)
+    try:
+        return torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise BadInputError(
+            f"{p}: refused to load: the pickle needs arbitrary code or globals ({str(e).splitlines()[0][:200]})",
+            hint="re-save the checkpoint as a plain state_dict or as .safetensors",
+        ) from e
+    except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, TypeError) as e:
+        raise BadInputError(f"{p}: corrupt or truncated torch checkpoint ({type(e).__name__}: {str(e)[:200]})") from e
+
+
+def load_safetensors(path: str | os.PathLike, device: str = "cpu") -> dict:
+    """Load every tensor of a `.safetensors` file; corrupt files raise `BadInputError`."""
+    from safetensors.torch import load_file
+
+    p = _check_file(path)
+    try:
+        return load_file(str(p), device=device)
+    except Exception as e:  # safetensors raises SafetensorError / OSError on bad headers
+        raise BadInputError(f"{p}: corrupt or truncated safetensors file ({str(e)[:200]})") from e
+
+
+def load_state_dict(path: str | os.PathLike, unwrap_keys: tuple[str, ...] = ("state_dict", "model")) -> dict:
+    """Load a flat name->tensor mapping from `.safetensors` or a torch checkpoint.
+
+    A torch checkpoint that wraps the weights under one of `unwrap_keys` is unwrapped.
+    """
+    import torch
+
+    p = Path(path)
+    if p.suffix in SAFETENSORS_SUFFIXES:
+        return load_safetensors(p)
+    obj = safe_torch_load(p)
+    if isinstance(obj, dict):
+        for k in unwrap_keys:
+            if k in obj and isinstance(obj[k], dict):
+                obj = obj[k]
+                break
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise BadInputError(f"{p}: expected a state_dict (name -> tensor), got {type(obj).__name__}")
+    return obj
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict[str, str] | None = None) -> Path:
+    """Atomically write tensors as `.safetensors` (contiguous copies, string metadata)."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    with atomic_path(path, suffix=".tmp.safetensors") as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return Path(path)
+
+
+def save_torch(obj: Any, path: str | os.PathLike) -> Path:
+    """Atomically `torch.save` an object made of tensors and plain containers (loadable with weights_only)."""
+    import torch
+
+    with atomic_path(path, suffix=".tmp.pt") as tmp:
+        torch.save(obj, tmp)
+    return Path(path)

@@ -1,0 +1,85 @@
+"""Device resolution and thread control, shared by every torch command."""
+from __future__ import annotations
+
+import re
+
+from .errors import BadInputError, DeviceUnavailableError
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def validate_device_spec(spec: str) -> str:
+    """Check the syntax of a device string without importing torch."""
+    spec = (spec or "auto").strip().lower()
+    if not _DEVICE_RE.match(spec):
+        raise BadInputError(f"unknown device {spec!r}; use auto, cpu, cuda, cuda:N or mps")
+    return spec
+
+
+def resolve_device(spec: str = "auto") -> str:
+    """Resolve `auto|cpu|cuda|cuda:N|mps` to a concrete torch device string.
+
+    `auto` prefers CUDA, then MPS, then CPU. An explicitly requested device that is absent raises
+    `DeviceUnavailableError` instead of silently falling back.
+    """
+    spec = validate_device_spec(spec)
+    import torch
+
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            return "mps"
+        return "cpu"
+    if spec == "cpu":
+        return "cpu"
+    if spec == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise DeviceUnavailableError("--device mps requested but MPS is not available on this machine")
+        return "mps"
+    # cuda or cuda:N
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError(f"--device {spec} requested but CUDA is not available on this machine")
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    count = torch.cuda.device_count()
+    if index >= count:
+        raise DeviceUnavailableError(f"--device {spec} requested but only {count} CUDA device(s) are visible")
+    return f"cuda:{index}"
+
+
+def device_info(device: str) -> dict:
+    """A JSON-able description of a resolved device (name, memory for CUDA)."""
+    info: dict = {"resolved": device}
+    if device.startswith("cuda"):
+        import torch
+
+        props = torch.cuda.get_device_properties(torch.device(device))
+        info.update(name=props.name, total_memory_gb=round(props.total_memory / 2**30, 2))
+    return info
+
+
+def set_threads(n: int | None) -> int | None:
+    """Limit torch and BLAS/OpenMP thread pools to `n` threads (None leaves them alone).
+
+    On small models and 2 shared cores one thread was measured 25-50x faster than two.
+    Returns the applied count. The threadpoolctl limit is global for the process lifetime.
+    """
+    if n is None:
+        return None
+    if n < 1:
+        raise BadInputError("--threads must be >= 1")
+    try:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n)
+    except ImportError:  # pragma: no cover - threadpoolctl is a declared dependency
+        pass
+    try:
+        import torch
+
+        torch.set_num_threads(n)
+    except ImportError:  # pragma: no cover
+        pass
+    return n

@@ -1,0 +1,46 @@
+"""Typed errors raised by the library; the CLI boundary turns them into one `Error:` line.
+
+`exit_code` follows click: 2 for bad input / usage, 1 for runtime failures.
+"""
+from __future__ import annotations
+
+
+class IcmlError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class BadInputError(IcmlError):
+    """The user's input (file, option value, data) is unusable. Exit code 2."""
+
+    exit_code = 2
+
+
+class MissingDependencyError(IcmlError):
+    """An optional package needed for this feature is not installed."""
+
+    exit_code = 1
+
+
+class DeviceUnavailableError(IcmlError):
+    """An explicitly requested device is absent (never a silent fallback)."""
+
+    exit_code = 2
+
+
+class InfeasibleError(IcmlError):
+    """A model or problem has no feasible solution."""
+
+    exit_code = 1
+
+
+class RuntimeFailure(IcmlError):
+    """Anything else that went wrong while running a method."""
+
+    exit_code = 1

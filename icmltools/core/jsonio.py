@@ -1,0 +1,107 @@
+"""NaN-safe JSON and atomic file writes.
+
+`to_jsonable` converts numpy/torch scalars and arrays, paths, dataclasses, sets and tuples; non-finite
+floats become `None` (jq silently rewrites NaN and Infinity), and `dumps` uses `allow_nan=False` so a
+missed one fails loudly instead of producing invalid JSON.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Recursively convert `obj` to plain JSON types; non-finite floats become None."""
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        items = sorted(obj, key=repr) if isinstance(obj, (set, frozenset)) else obj
+        return [to_jsonable(v) for v in items]
+    if isinstance(obj, Path):
+        return str(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    mod = type(obj).__module__
+    if mod == "numpy" or mod.startswith("numpy."):
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return to_jsonable(obj.tolist())
+        if isinstance(obj, np.bool_):
+            return bool(obj)
+        if isinstance(obj, np.integer):
+            return int(obj)
+        if isinstance(obj, np.floating):
+            return to_jsonable(float(obj))
+        if isinstance(obj, np.dtype):
+            return str(obj)
+    if mod.startswith("torch"):
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return to_jsonable(obj.detach().cpu().tolist())
+        if isinstance(obj, (torch.dtype, torch.device)):
+            return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return to_jsonable(obj.item())
+        except Exception:
+            pass
+    return str(obj)
+
+
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """Serialise `obj` as strict JSON (no NaN/Infinity tokens)."""
+    sep = (",", ": ") if indent else (",", ":")
+    return json.dumps(to_jsonable(obj), indent=indent, separators=sep, allow_nan=False)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary path in the same folder as `path`; rename it onto `path` on success.
+
+    On any exception the temporary file is removed and `path` (if it existed) is left intact.
+    Use it for writers that want a file name (torch.save, safetensors, PySCIPOpt).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or ".tmp" + path.suffix)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp_path.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write `data` to `path` atomically (temp file in the same folder, fsync, rename)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 2) -> Path:
+    return atomic_write_text(path, dumps(obj, indent=indent) + "\n")

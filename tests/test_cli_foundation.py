@@ -1,0 +1,204 @@
+"""The foundation: lazy registry, fast --help, envelope, errors, completions, JSON safety, atomic writes."""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from icmltools.commands.registry import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "scipy", "pyscipopt", "gymnasium", "metaworld", "numpy", "networkx", "sklearn", "rich")
+
+# The cheapest real invocation of each subcommand, used to check the envelope on every command.
+# Every registered command must have an entry here.
+FAST_ARGS = {
+    "env": [],
+    "onemax-sim": ["--mode", "worst-case", "--theta", "16", "--lam", "0.5"],
+    # fast-args:fope-train
+    # fast-args:negmerge
+    # fast-args:subset-select
+    # fast-args:reopt
+    # fast-args:goskill
+}
+
+
+def test_help_imports_no_heavy_module():
+    """`--help` of the group and every subcommand, in one fresh process, leaves heavy modules unimported."""
+    code = f"""
+import sys
+from click.testing import CliRunner
+from icmltools.commands.cli import cli
+from icmltools.commands.registry import COMMANDS
+r = CliRunner()
+out = r.invoke(cli, ['--help'])
+assert out.exit_code == 0, out.output
+for name in COMMANDS:
+    out = r.invoke(cli, [name, '--help'])
+    assert out.exit_code == 0, (name, out.output)
+    assert 'Examples' in out.output, name
+bad = [m for m in {HEAVY!r} if m in sys.modules]
+print(','.join(bad))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"heavy modules imported by --help: {out.stdout.strip()}"
+
+
+def test_icml_help_subprocess():
+    exe = Path(sys.executable).with_name("icml")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "icmltools"]
+    out = subprocess.run(cmd + ["--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert name in out.stdout
+    out = subprocess.run([sys.executable, "-m", "icmltools", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and "0." in out.stdout
+
+
+def test_every_command_has_fast_args():
+    assert set(FAST_ARGS) == set(COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_envelope_on_every_command(name, run_cli):
+    res, doc = run_cli([name, "-q", *FAST_ARGS[name]])
+    from icmltools.core.envelope import ENVELOPE_KEYS
+
+    for k in ENVELOPE_KEYS:
+        assert k in doc, k
+    assert doc["command"] == name
+    assert doc["env"]["python"]
+    assert "total_s" in doc["timing"]
+    assert res.stdout.count("\n") == 1  # one compact JSON document when piped
+
+
+def test_unknown_option_is_usage_error():
+    r = CliRunner().invoke(__import__("icmltools.commands.cli", fromlist=["cli"]).cli, ["env", "--bogus"])
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output and "No such option" in r.stderr
+
+
+def test_unknown_command_is_usage_error():
+    from icmltools.commands.cli import cli
+
+    r = CliRunner().invoke(cli, ["no-such-command"])
+    assert r.exit_code == 2
+
+
+def test_library_errors_become_one_line(monkeypatch):
+    import click
+
+    from icmltools.commands.common import run_guarded
+    from icmltools.core.errors import BadInputError, RuntimeFailure
+
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(lambda: (_ for _ in ()).throw(BadInputError("prices.csv: row 3 is not a number")))
+    assert ei.value.exit_code == 2 and "row 3" in ei.value.format_message()
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(lambda: (_ for _ in ()).throw(RuntimeFailure("solver died")))
+    assert ei.value.exit_code == 1
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(lambda: 1 / 0)
+    assert ei.value.exit_code == 1 and "ZeroDivisionError" in ei.value.format_message()
+    monkeypatch.setenv("ICML_DEBUG", "1")
+    with pytest.raises(click.ClickException):
+        run_guarded(lambda: 1 / 0)
+
+
+def test_broken_pipe_exits_quietly():
+    code = "from icmltools.commands.cli import main; main(['env'])"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # reader went away, as with `| head -c0`
+    err = p.stderr.read().decode()
+    p.wait()
+    assert "Traceback" not in err
+
+
+def test_completions_are_current():
+    from click.shell_completion import get_completion_class
+
+    from icmltools.commands.cli import cli
+
+    for shell in ("bash", "zsh", "fish"):
+        cls = get_completion_class(shell)
+        expected = cls(cli, {}, "icml", "_ICML_COMPLETE").source()
+        path = ROOT / "completions" / f"icml.{shell}"
+        assert path.exists(), f"missing {path}; run `make completions`"
+        assert path.read_text() == expected, f"{path} is stale; run `make completions`"
+
+
+def test_json_is_nan_safe():
+    import numpy as np
+
+    from icmltools.core.jsonio import dumps
+
+    s = dumps({"a": float("nan"), "b": np.float32(1.5), "c": np.arange(3), "d": [math.inf], "p": Path("x")})
+    assert json.loads(s) == {"a": None, "b": 1.5, "c": [0, 1, 2], "d": [None], "p": "x"}
+
+
+def test_atomic_write_keeps_old_file_on_error(tmp_path):
+    from icmltools.core.jsonio import atomic_path, atomic_write_text
+
+    p = tmp_path / "out.txt"
+    atomic_write_text(p, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(p) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("interrupted")
+    assert p.read_text() == "old"
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"]
+
+
+def test_device_resolution():
+    from icmltools.core.device import resolve_device
+    from icmltools.core.errors import BadInputError, DeviceUnavailableError
+
+    import torch
+
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device("auto") in ("cpu", "mps") or resolve_device("auto").startswith("cuda")
+    with pytest.raises(BadInputError):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceUnavailableError):
+            resolve_device("cuda:0")
+
+
+def test_safe_torch_load_refuses_code_pickles(tmp_path):
+    import pickle
+
+    import torch
+
+    from icmltools.core.checkpoint import load_state_dict, save_safetensors, save_torch
+    from icmltools.core.errors import BadInputError
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    bad = tmp_path / "evil.pt"
+    bad.write_bytes(pickle.dumps(Evil()))
+    with pytest.raises(BadInputError, match="refused|corrupt"):
+        load_state_dict(bad)
+    sd = {"w": torch.arange(6.0).reshape(2, 3)}
+    save_torch({"state_dict": sd}, tmp_path / "ok.pt")
+    assert torch.equal(load_state_dict(tmp_path / "ok.pt")["w"], sd["w"])
+    save_safetensors(sd, tmp_path / "ok.safetensors")
+    assert torch.equal(load_state_dict(tmp_path / "ok.safetensors")["w"], sd["w"])
+    trunc = tmp_path / "trunc.safetensors"
+    trunc.write_bytes((tmp_path / "ok.safetensors").read_bytes()[:20])
+    with pytest.raises(BadInputError):
+        load_state_dict(trunc)
+    with pytest.raises(BadInputError, match="no such file"):
+        load_state_dict(tmp_path / "missing.pt")
+
+
+def test_env_vars_set_options(monkeypatch, run_cli):
+    monkeypatch.setenv("ICML_ONEMAX_SIM_THETA", "9")
+    _, doc = run_cli(["onemax-sim", "-q", "--mode", "worst-case"])
+    assert doc["params"]["theta"] == 9
