@@ -129,7 +129,7 @@ def test_completions_are_current():
         expected = cls(cli, {}, "icml", "_ICML_COMPLETE").source()
         path = ROOT / "completions" / f"icml.{shell}"
         assert path.exists(), f"missing {path}; run `make completions`"
-        assert path.read_text() == expected, f"{path} is stale; run `make completions`"
+        assert path.read_text().rstrip("\n") == expected.rstrip("\n"), f"{path} is stale; run `make completions`"
 
 
 def test_json_is_nan_safe():

@@ -1,0 +1,128 @@
+"""Price series: parsing (CSV/TSV/one per line, file or stdin), validation, and the embedded synthetic market."""
+from __future__ import annotations
+
+import csv
+import io
+import os
+
+import numpy as np
+
+from icmltools.core.errors import BadInputError
+
+
+def parse_prices(text: str, source: str = "<stdin>", column: str | int | None = None) -> np.ndarray:
+    """Parse prices from CSV/TSV text or one number per line.
+
+    With several columns, `column` (name or 0-based index) picks one; default: the last column. A header row
+    is detected (first row not numeric) and skipped. Any other non-numeric row is an error naming the row.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise BadInputError(f"{source}: no prices (empty input)")
+    sample = "\n".join(lines[:20])
+    delim = "\t" if "\t" in sample else ("," if "," in sample else (";" if ";" in sample else None))
+    rows = list(csv.reader(io.StringIO("\n".join(lines)), delimiter=delim)) if delim else [[ln.strip()] for ln in lines]
+    header = None
+
+    def _num(s):
+        try:
+            return float(s)
+        except ValueError:
+            return None
+
+    if rows and any(_num(c) is None for c in rows[0]) and len(rows) > 1:
+        header = [c.strip() for c in rows[0]]
+        rows = rows[1:]
+        start = 2
+    else:
+        start = 1
+    if not rows:
+        raise BadInputError(f"{source}: header but no prices")
+    if column is None:
+        col = len(rows[0]) - 1
+    elif isinstance(column, int) or (isinstance(column, str) and column.isdigit()):
+        col = int(column)
+    else:
+        if header is None or column not in header:
+            raise BadInputError(f"{source}: no column named {column!r} (header: {header})")
+        col = header.index(column)
+    out = np.empty(len(rows))
+    for i, row in enumerate(rows):
+        if col >= len(row):
+            raise BadInputError(f"{source}: row {i + start} has {len(row)} column(s), need column {col}")
+        v = _num(row[col].strip())
+        if v is None:
+            raise BadInputError(f"{source}: row {i + start} is not a number: {row[col].strip()[:40]!r}")
+        out[i] = v
+    if not np.all(np.isfinite(out)):
+        k = int(np.nonzero(~np.isfinite(out))[0][0])
+        raise BadInputError(f"{source}: row {k + start} is not a finite number (NaN/inf prices are not allowed)")
+    if np.any(out <= 0):
+        k = int(np.nonzero(out <= 0)[0][0])
+        raise BadInputError(f"{source}: row {k + start}: prices must be positive, got {out[k]}")
+    return out
+
+
+def read_prices(path: str, stdin_text: str | None = None, column=None) -> np.ndarray:
+    """Read prices from a file path, or from `stdin_text` when path is '-'."""
+    if path == "-":
+        return parse_prices(stdin_text or "", "<stdin>", column)
+    if not os.path.exists(path):
+        raise BadInputError(f"{path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise BadInputError(f"{path}: not a text file ({e.reason})") from e
+    return parse_prices(text, path, column)
+
+
+def check_bounds(prices: np.ndarray, m: float | None, M: float | None, source: str = "prices") -> None:
+    if (m is None) != (M is None):
+        raise BadInputError("give both --m and --M, or neither (then bounds come from each window, a look-ahead)")
+    if m is None:
+        return
+    if not (0 < m < M):
+        raise BadInputError(f"need 0 < --m < --M, got m={m}, M={M}")
+    lo, hi = float(prices.min()), float(prices.max())
+    if lo < m or hi > M:
+        k = int(np.nonzero((prices < m) | (prices > M))[0][0])
+        raise BadInputError(f"{source}: price {prices[k]} at index {k} lies outside the declared [m, M] = [{m}, {M}]")
+
+
+MARKET_BOUNDS = (50.0, 800.0)  # the embedded market's declared [m, M] (theta = 16)
+
+
+def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Fold values into [lo, hi] by reflection at both ends."""
+    w = hi - lo
+    y = np.mod(x - lo, 2 * w)
+    return lo + np.where(y > w, 2 * w - y, y)
+
+
+def synthetic_market(n: int = 40000, seed: int = 0, vol: float = 0.06, jump_prob: float = 0.004,
+                     jump_scale: float = 0.5, bounds: tuple[float, float] = MARKET_BOUNDS) -> np.ndarray:
+    """The embedded default market: a log random walk with rare jumps, reflected into the declared
+    bounds [m, M] (so a trader who is told m and M is told the truth). Deterministic per seed."""
+    rng = np.random.default_rng(seed)
+    lo, hi = np.log(bounds[0]), np.log(bounds[1])
+    steps = vol * rng.standard_normal(n)
+    jumps = rng.random(n) < jump_prob
+    steps[jumps] += jump_scale * rng.standard_normal(int(jumps.sum()))
+    x = 0.5 * (lo + hi) + np.cumsum(steps)
+    return np.exp(_reflect(x, lo, hi))
+
+
+def random_windows(kind: str, n: int, T: int, theta: float, rng: np.random.Generator) -> np.ndarray:
+    """Stochastic price windows in [1, theta]: 'walk' (reflected log random walk), 'uniform', 'spikes'."""
+    lt = np.log(theta)
+    if kind == "uniform":
+        return np.exp(rng.random((n, T)) * lt)
+    if kind == "walk":
+        x = np.cumsum(rng.normal(0.0, lt / np.sqrt(T) * 0.8, (n, T)), axis=1) + rng.random((n, 1)) * lt
+        return np.exp(_reflect(x, 0.0, lt))
+    if kind == "spikes":
+        base = np.exp(rng.random((n, T)) * lt * 0.3)
+        spike = rng.random((n, T)) < 2.0 / T
+        return np.where(spike, np.exp(rng.random((n, T)) * lt), base)
+    raise BadInputError(f"unknown stochastic market {kind!r}; use walk, uniform or spikes")
