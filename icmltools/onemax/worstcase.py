@@ -86,8 +86,10 @@ def profile(name: str, theta: float, params: RuleParams, errors) -> np.ndarray:
             d = (hi - lo) * 1e-12
 
             def phi(y, lo=lo, hi=hi, d=d):
-                # the piece's own formula on its closure: evaluate just inside the piece
-                return float(threshold(name, min(max(y, lo + d), hi - d), theta, params))
+                # the piece's own formula on its closure: at a jump of Phi, the limit from inside the piece
+                at = float(threshold(name, y, theta, params))
+                inside = float(threshold(name, min(max(y, lo + d), hi - d), theta, params))
+                return at if abs(at - inside) <= 1e-9 * max(at, 1.0) else inside
 
             best = min(best, _piece_inf(phi, lo, hi, float(e), theta))
         out[k] = best
