@@ -1,0 +1,102 @@
+"""`icml subset-select`: RAM-APL (Wan et al., ICML 2025) and subset-selection baselines on feature matrices."""
+from __future__ import annotations
+
+import click
+
+from . import common
+
+METHOD_NAMES = ("ram-apl", "ram", "min", "concat", "moderate", "kcenter", "herding", "graphcut", "random")
+
+EPILOG = """Examples:
+
+\b
+  icml subset-select | jq -c '.result.evaluation[] | [.method, .rate, .test_acc]'
+  icml subset-select --dataset synthetic --noise 0.2 -r 0.5 -r 0.7 -m ram-apl -m ram -m random
+  icml subset-select -f clip.npy -f dinov2.npy --labels train.csv:label -r 0.1 -r 0.3 \\
+      --indices-out subset.txt | jq '.result.selections[] | {rate, n_selected}'
+  icml subset-select -f clip.npy -f dinov2.npy --labels y.npy -m ram-apl -m random --evaluate \\
+      -r 0.05 --seeds 3 | jq '.result.evaluation'
+"""
+
+
+@common.command("subset-select", epilog=EPILOG)
+@click.option("-f", "--features", "features", multiple=True, metavar="FILE[:KEY]",
+              help="Feature matrix (N, d) of one extractor: .npy (memory-mapped), .npz, .pt or .safetensors. "
+                   "Repeat for several extractors (same row order). Without it, the embedded --dataset is used.")
+@click.option("--labels", default=None, metavar="FILE[:COLUMN]",
+              help="Labels (N,): .npy, or a CSV/TSV/text column by name or index (default: last column).")
+@click.option("-m", "--method", "methods", multiple=True, type=click.Choice(METHOD_NAMES),
+              help="Selection method(s). Default: ram-apl when selecting, all of them when evaluating.")
+@click.option("-r", "--rate", "rates", multiple=True, type=float,
+              help="Selection rate p in (0, 1], repeatable. Default: 0.1 when selecting; "
+                   "0.01 0.05 0.1 0.3 0.5 0.7 when evaluating.")
+@click.option("--view", type=click.IntRange(min=0), default=0,
+              help="Which extractor the single-view baselines (min, moderate, kcenter, herding, graphcut) use.")
+@click.option("--dataset", type=click.Choice(["digits", "synthetic"]), default="digits",
+              help="Embedded data when no --features: scikit-learn's digits with label-free views, or the "
+                   "synthetic fine-grained generator.")
+@click.option("--n-views", type=click.IntRange(1, 3), default=3, help="Extractor views of the embedded data.")
+@click.option("--evaluate/--no-evaluate", "evaluate", default=None,
+              help="Train a target classifier on every subset. Default: on for embedded data, off for --features.")
+@click.option("--target", type=click.Choice(["logreg", "mlp", "cnn"]), default="logreg",
+              help="Target classifier for --evaluate (cnn needs image inputs, e.g. digits raw images).")
+@click.option("--eval-input", default=None, metavar="raw|view:K",
+              help="Inputs of the target model: raw (embedded data; --raw for yours) or one feature view. "
+                   "Default: raw for embedded data, view:0 for --features.")
+@click.option("--test-features", multiple=True, metavar="FILE",
+              help="Test-split features (one per --features) for --evaluate; without them a stratified "
+                   "--holdout of the given rows is the test set.")
+@click.option("--test-labels", default=None, metavar="FILE[:COLUMN]", help="Test-split labels for --evaluate.")
+@click.option("--raw", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Raw target-model inputs (.npy, same rows as the features) for --eval-input raw.")
+@click.option("--raw-test", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Raw test inputs (.npy) to go with --test-features.")
+@click.option("--holdout", type=click.FloatRange(0.05, 0.9), default=0.25,
+              help="Test fraction held out of your rows when --evaluate has no --test-features.")
+@click.option("--noise", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+              help="Symmetric label noise injected into the training labels (fraction); the noisy fraction "
+                   "inside each subset is reported.")
+@click.option("--seeds", type=click.IntRange(1, 100), default=3,
+              help="Evaluation repeats (seeds --seed .. --seed+N-1): noise draw, random/k-center choices, training.")
+@click.option("--indices-out", default=None, type=click.Path(dir_okay=False),
+              help="Write the selected indices as a plain text file (one per line); with several "
+                   "(method, rate) pairs, one file each: STEM.METHOD.pRATE.txt.")
+@click.option("--scores-out", default=None, type=click.Path(dir_okay=False),
+              help="Write per-sample [RAM, APL] (N x 2 .npy); score = W1*RAM + W2*APL at any rate.")
+@click.option("--no-indices", is_flag=True, help="Leave the index lists out of the JSON (use with --indices-out).")
+@click.option("--chunk-rows", type=click.IntRange(min=0), default=0,
+              help="Rows per chunk of the distance passes (0 = about 64 MB per chunk).")
+@click.option("--jsonl", is_flag=True, help="Stream one JSON line per (seed, method, rate) while evaluating.")
+@common.standard_options(seed=True, device=True, threads=True)
+@click.pass_context
+def cli(ctx, features, labels, methods, rates, view, dataset, n_views, evaluate, target, eval_input, test_features,
+        test_labels, raw, raw_test, holdout, noise, seeds, indices_out, scores_out, no_indices, chunk_rows, jsonl,
+        seed, device, threads, quiet, verbose):
+    """One-shot subset selection with several foundation-model feature extractors (RAM-APL, Wan et al.,
+    ICML 2025) and the standard baselines, on feature files you extracted or on embedded data.
+
+    RAM-APL ranks each class by the mean over extractors of the within-class distance rank to the class
+    mean (RAM) plus the fraction of extractors whose nearest class mean disagrees with the label (APL),
+    weighted by the rate (W1 = 0.2 + 0.8/(1+exp(p-0.5))), and keeps round(n_c * p) per class.
+    """
+    with common.CommandRun(ctx, "subset-select", seed=seed, device=device, threads=threads) as run:
+        from icmltools.subset import api
+        from icmltools.subset.engine import Engine
+
+        do_eval = evaluate if evaluate is not None else not features
+        if not methods:
+            methods = METHOD_NAMES if do_eval else ("ram-apl",)
+        if not rates:
+            rates = (0.01, 0.05, 0.1, 0.3, 0.5, 0.7) if do_eval else (0.1,)
+        cfg = api.Config(features=tuple(features), labels=labels, dataset=dataset, n_views=n_views,
+                         methods=tuple(dict.fromkeys(methods)), rates=tuple(dict.fromkeys(rates)), view=view,
+                         evaluate=evaluate, target=target, eval_input=eval_input, test_features=tuple(test_features),
+                         test_labels=test_labels, raw=raw, raw_test=raw_test, holdout=holdout, noise=noise,
+                         seeds=seeds, seed=seed, indices_out=indices_out, scores_out=scores_out,
+                         include_indices=not no_indices, chunk_rows=chunk_rows, device=run.device)
+        with run.progress() as cb:
+            engine = Engine(run.device, chunk_rows=chunk_rows, progress=cb)
+            with run.timer.phase("select" if not do_eval else "evaluate"):
+                res, art = api.run(cfg, engine, stream=run.stream if jsonl else None)
+        run.result = res
+        run.artifacts.update(art)

@@ -1,0 +1,210 @@
+"""Reading feature matrices and labels, with validation that names the file at fault.
+
+Feature files hold one 2-D array: `.npy` (memory-mapped, so a 3 GB matrix costs no RAM until read),
+`.npz` (one array, or the key given as `file.npz:key`), `.pt` (a tensor, or a dict with one tensor),
+`.safetensors` (one tensor, or `file.safetensors:key`). Labels: `.npy` (1-D), or a column of a
+CSV/TSV/text file given as `file.csv:column` (name or 0-based index; default: the last column).
+"""
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+
+from icmltools.core.errors import BadInputError
+
+FEATURE_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".safetensors")
+
+
+def _split_key(spec: str) -> tuple[Path, str | None]:
+    """`path[:key]` -> (path, key); a Windows-like drive letter is not treated as a key."""
+    s = str(spec)
+    if ":" in s and not Path(s).exists():
+        head, _, key = s.rpartition(":")
+        if head and Path(head).exists():
+            return Path(head), key
+    return Path(s), None
+
+
+def _check_exists(p: Path) -> None:
+    if not p.exists():
+        raise BadInputError(f"{p}: no such file")
+    if not p.is_file():
+        raise BadInputError(f"{p}: not a regular file")
+    if p.stat().st_size == 0:
+        raise BadInputError(f"{p}: file is empty")
+
+
+def _choose_key(keys: list, key: str | None, p: Path):
+    """The one array key to read: the given one (checked) or the only one."""
+    if key is not None:
+        if key not in keys:
+            raise BadInputError(f"{p}: no array named {key!r} (has: {', '.join(sorted(map(str, keys)))[:200]})")
+        return key
+    if len(keys) != 1:
+        raise BadInputError(f"{p}: holds {len(keys)} arrays ({', '.join(sorted(map(str, keys)))[:200]}); "
+                            f"name one as {p}:KEY")
+    return keys[0]
+
+
+def load_features(spec: str | os.PathLike, mmap: bool = True) -> np.ndarray:
+    """Load one 2-D float feature matrix (N, d). `.npy` files are memory-mapped (read-only)."""
+    p, key = _split_key(str(spec))
+    _check_exists(p)
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".npy":
+            arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+        elif suffix == ".npz":
+            with np.load(p, allow_pickle=False) as z:
+                arr = z[_choose_key(list(z.files), key, p)]
+        elif suffix in (".pt", ".pth"):
+            import torch
+
+            from icmltools.core.checkpoint import safe_torch_load
+
+            obj = safe_torch_load(p)
+            if isinstance(obj, dict):
+                obj = obj[_choose_key(list(obj), key, p)]
+            if not isinstance(obj, torch.Tensor):
+                raise BadInputError(f"{p}: expected a tensor, got {type(obj).__name__}")
+            arr = obj.detach().float().numpy() if obj.dtype in (torch.float16, torch.bfloat16) else obj.detach().numpy()
+        elif suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(p), framework="np") as f:
+                    arr = f.get_tensor(_choose_key(list(f.keys()), key, p))
+            except BadInputError:
+                raise
+            except Exception as e:  # bf16 is not representable in numpy: go through torch
+                if "bf16" in str(e).lower() or "bfloat16" in str(e).lower():
+                    from icmltools.core.checkpoint import load_safetensors
+
+                    tensors = load_safetensors(p)
+                    arr = tensors[_choose_key(list(tensors), key, p)].float().numpy()
+                else:
+                    raise BadInputError(f"{p}: corrupt or unreadable safetensors file ({str(e)[:200]})") from e
+        else:
+            raise BadInputError(f"{p}: unsupported feature file type {suffix!r}; use one of {', '.join(FEATURE_SUFFIXES)}")
+    except BadInputError:
+        raise
+    except (ValueError, OSError, EOFError, KeyError) as e:
+        raise BadInputError(f"{p}: cannot read feature array ({type(e).__name__}: {str(e)[:200]})") from e
+    if arr.ndim != 2:
+        raise BadInputError(f"{p}: features must be a 2-D array (N, d), got shape {tuple(arr.shape)}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise BadInputError(f"{p}: empty feature array of shape {tuple(arr.shape)}")
+    if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise BadInputError(f"{p}: features must be numeric, got dtype {arr.dtype}")
+    if arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def load_labels(spec: str | os.PathLike) -> np.ndarray:
+    """Load labels (N,) from `.npy` or a column of a CSV/TSV/text file (`file.csv:column`)."""
+    p, key = _split_key(str(spec))
+    _check_exists(p)
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise BadInputError(f"{p}: cannot read labels ({str(e)[:200]})") from e
+        if arr.ndim == 2 and arr.shape[1] == 1:
+            arr = arr[:, 0]
+        if arr.ndim != 1:
+            raise BadInputError(f"{p}: labels must be a 1-D array, got shape {tuple(arr.shape)}")
+        return arr
+    # text: CSV / TSV / whitespace
+    with open(p, newline="", encoding="utf-8") as fh:
+        text = fh.read()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise BadInputError(f"{p}: no labels found")
+    delim = "\t" if (suffix == ".tsv" or "\t" in lines[0]) else ("," if "," in lines[0] else None)
+    if delim is None:
+        rows = [ln.split() for ln in lines]
+    else:
+        rows = list(csv.reader(lines, delimiter=delim))
+    width = len(rows[0])
+    header = None
+    first = rows[0]
+    if any(not _is_number(c) for c in first) and len(rows) > 1 and (
+            key is not None and not key.isdigit() or all(not _is_number(c) for c in first) and
+            any(_is_number(c) for c in rows[1])):
+        header, rows = first, rows[1:]
+    if key is None:
+        col = width - 1
+    elif key.lstrip("-").isdigit():
+        col = int(key)
+        if not -width <= col < width:
+            raise BadInputError(f"{p}: column {col} out of range (the file has {width} columns)")
+    else:
+        if header is None or key not in header:
+            raise BadInputError(f"{p}: no column named {key!r}" + (f" (columns: {', '.join(header)})" if header else ""))
+        col = header.index(key)
+    try:
+        vals = [r[col].strip() for r in rows]
+    except IndexError:
+        raise BadInputError(f"{p}: a row has fewer than {col + 1} columns") from None
+    if all(_is_int(v) for v in vals):
+        return np.asarray([int(v) for v in vals], dtype=np.int64)
+    return np.asarray(vals)
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+        return True
+    except ValueError:
+        return False
+
+
+def encode_labels(labels: np.ndarray, name: str = "labels") -> tuple[np.ndarray, list]:
+    """Map arbitrary labels to 0..C-1 (sorted unique order); returns (codes int64, class names)."""
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise BadInputError(f"{name}: labels must be 1-D, got shape {labels.shape}")
+    if np.issubdtype(labels.dtype, np.floating):
+        if not np.all(np.isfinite(labels)):
+            raise BadInputError(f"{name}: labels contain NaN or inf")
+        if np.any(labels != np.round(labels)):
+            raise BadInputError(f"{name}: labels must be integers or strings, got non-integer floats")
+        labels = labels.astype(np.int64)
+    classes, codes = np.unique(labels, return_inverse=True)
+    return codes.astype(np.int64).reshape(-1), [c.item() if hasattr(c, "item") else c for c in classes]
+
+
+def validate(views: list, labels: np.ndarray, names: list[str]) -> None:
+    """Row counts agree across views and labels; every class has at least two samples."""
+    n = len(labels)
+    for v, nm in zip(views, names):
+        if v.shape[0] != n:
+            raise BadInputError(f"{nm}: {v.shape[0]} rows but the labels have {n} entries; "
+                                "every feature file and the labels must share the same row order and count")
+    counts = np.bincount(labels)
+    if np.any(counts < 2):
+        bad = int(np.flatnonzero(counts < 2)[0])
+        raise BadInputError(f"labels: class index {bad} has {int(counts[bad])} sample; every class needs at least "
+                            "two samples for class means and ranks")
+
+
+def check_finite(view: np.ndarray, name: str, chunk: int = 65536) -> None:
+    """Chunked NaN/inf scan (memory-mapped files are read once, chunk by chunk)."""
+    for s in range(0, view.shape[0], chunk):
+        block = np.asarray(view[s:s + chunk])
+        if not np.all(np.isfinite(block)):
+            bad = s + int(np.flatnonzero(~np.all(np.isfinite(block), axis=1))[0])
+            raise BadInputError(f"{name}: row {bad} holds NaN or inf")

@@ -1,0 +1,384 @@
+"""Tests for `icml subset-select` (RAM-APL, Wan et al., ICML 2025, and the baselines)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from icmltools.subset import select as S
+from icmltools.subset.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def engine():
+    import torch
+
+    torch.set_num_threads(1)
+    return Engine("cpu")
+
+
+def blobs(n_per=(30, 40, 25), d=6, sep=8.0, seed=0, views=2):
+    """Well-separated Gaussian classes; `views` random linear views of them."""
+    rng = np.random.default_rng(seed)
+    C = len(n_per)
+    centres = rng.normal(0, 1, (C, d)) * sep
+    y = np.concatenate([np.full(n, c) for c, n in enumerate(n_per)])
+    x = centres[y] + rng.normal(0, 1, (len(y), d))
+    perm = rng.permutation(len(y))
+    x, y = x[perm], y[perm]
+    vs = [x] + [x @ rng.normal(0, 1, (d, d + 2 * k)) + 0.3 * rng.normal(0, 1, (len(y), d + 2 * k))
+                for k in range(1, views)]
+    return vs, y.astype(np.int64)
+
+
+def sel_map(sels):
+    return {(s.method, s.rate): s.indices for s in sels}
+
+
+# ------------------------------------------------------------------------------------ exact RAM-APL
+
+
+def test_weights_at_half_are_06_04():
+    w1, w2 = S.weights(0.5)
+    assert w1 == pytest.approx(0.6, abs=1e-15) and w2 == pytest.approx(0.4, abs=1e-15)
+    # a + (1-a)/(1+e^{p-0.5}): decreasing in p, bounded by a
+    assert S.weights(0.01)[0] > S.weights(0.5)[0] > S.weights(1.0)[0] > 0.2
+    assert S.weights(1.0)[0] == pytest.approx(0.2 + 0.8 / (1 + math.exp(0.5)))
+
+
+def test_single_extractor_without_apl_errors_equals_min(engine):
+    vs, y = blobs(views=1)
+    ctx = S.Context(y, 3)
+    st = S.ram_apl_stats(vs, ctx, engine)
+    assert np.all(st.apl == 0)
+    rates = [0.05, 0.1, 0.33, 0.5, 0.77, 1.0]
+    a = sel_map(S.run_method("ram-apl", vs, ctx, rates, engine=engine))
+    b = sel_map(S.run_method("min", vs, ctx, rates, engine=engine))
+    for p in rates:
+        np.testing.assert_array_equal(a[("ram-apl", p)], b[("min", p)])
+    # MIN by brute force: per class, the round(n_c p) closest to the class mean
+    X = vs[0]
+    for p in rates:
+        want = []
+        for c in range(3):
+            g = np.flatnonzero(y == c)
+            dist = np.linalg.norm(X[g] - X[g].mean(0), axis=1)
+            want.extend(g[np.argsort(dist, kind="stable")[:round(len(g) * p)]])
+        np.testing.assert_array_equal(b[("min", p)], np.sort(want))
+
+
+def test_ram_apl_by_brute_force(engine):
+    """RAM and APL against a direct transcription of the official formulas on a noisy 3-view problem."""
+    vs, y = blobs(n_per=(20, 22, 18, 25), sep=1.2, seed=3, views=3)
+    C = 4
+    ctx = S.Context(y, C)
+    st = S.ram_apl_stats(vs, ctx, engine)
+    wrong = np.zeros(len(y))
+    ranks = np.zeros(len(y))
+    for X in vs:
+        mu = np.stack([X[y == c].mean(0) for c in range(C)])
+        pred = np.argmin(((X[:, None, :] - mu[None]) ** 2).sum(-1), axis=1)
+        wrong += pred != y
+        for c in range(C):
+            g = np.flatnonzero(y == c)
+            dd = np.linalg.norm(X[g] - mu[c], axis=1)
+            ranks[g] += np.argsort(np.argsort(dd, kind="stable"), kind="stable")
+    assert wrong.sum() > 0  # the problem does have pseudo-label errors
+    np.testing.assert_allclose(st.apl, wrong / 3)
+    np.testing.assert_allclose(st.ram, ranks / 3 / np.bincount(y)[y])
+    for p in (0.1, 0.5, 0.9):
+        w1, w2 = S.weights(p)
+        score = w1 * st.ram + w2 * st.apl
+        want = []
+        for c in range(C):
+            g = np.flatnonzero(y == c)
+            want.extend(g[np.argsort(score[g], kind="stable")[:round(len(g) * p)]])
+        got = S.run_method("ram-apl", vs, ctx, [p], engine=engine, stats=st)[0]
+        np.testing.assert_array_equal(got.indices, np.sort(want))
+
+
+def test_invariance_translation_rotation_scaling(engine):
+    vs, y = blobs(n_per=(30, 35, 28), sep=1.5, seed=5, views=3)
+    rng = np.random.default_rng(11)
+    moved = []
+    for X in vs:
+        Q, _ = np.linalg.qr(rng.normal(size=(X.shape[1], X.shape[1])))
+        moved.append(3.7 * X @ Q + rng.normal(0, 1, X.shape[1]) * 1e3)
+    rates = [0.1, 0.5, 0.8]
+    methods = ["ram-apl", "ram", "min", "concat", "moderate", "kcenter", "herding"]
+    a, _ = S.select_many(methods[:4], vs, y, 3, rates, engine=engine)
+    b, _ = S.select_many(methods[:4], moved, y, 3, rates, engine=engine)
+    for s, t in zip(a, b):
+        np.testing.assert_array_equal(s.indices, t.indices, err_msg=f"{s.method} p={s.rate}")
+    # moderate (median), k-center and herding (class-centred) are rigid-motion/scale invariant too;
+    # moderate's per-dim median is not rotation invariant, so only translate + scale it
+    for m in ("kcenter", "herding"):
+        s1 = S.run_method(m, vs, S.Context(y, 3), rates, engine=engine)
+        s2 = S.run_method(m, moved, S.Context(y, 3), rates, engine=engine)
+        for s, t in zip(s1, s2):
+            np.testing.assert_array_equal(s.indices, t.indices, err_msg=f"{m} p={s.rate}")
+    shifted = [2.0 * X + 50.0 for X in vs]
+    s1 = S.run_method("moderate", vs, S.Context(y, 3), rates, engine=engine)
+    s2 = S.run_method("moderate", shifted, S.Context(y, 3), rates, engine=engine)
+    for s, t in zip(s1, s2):
+        np.testing.assert_array_equal(s.indices, t.indices)
+
+
+def test_counts_follow_python_round(engine):
+    sizes = (5, 7, 10, 13, 3)
+    vs, y = blobs(n_per=sizes, views=2)
+    for m in ("ram-apl", "ram", "min", "concat", "kcenter", "herding", "graphcut", "random"):
+        for p in (0.5, 0.3, 0.1):
+            s = S.run_method(m, vs, S.Context(y, 5), [p], engine=engine)[0]
+            assert s.per_class.tolist() == [round(n * p) for n in sizes], (m, p)
+            assert len(np.unique(s.indices)) == len(s.indices)
+            assert np.all(np.diff(s.indices) > 0)
+    # round is banker's: 2.5 -> 2, 3.5 -> 4, 6.5 -> 6
+    assert S.budgets(np.array([5, 7, 13]), 0.5).tolist() == [2, 4, 6]
+    # moderate-DS uses int() like its official code
+    s = S.run_method("moderate", vs, S.Context(y, 5), [0.5], engine=engine)[0]
+    assert s.per_class.tolist() == [int(n * 0.5) for n in sizes]
+
+
+def test_mislabelled_point_dropped_by_ram_apl_kept_by_ram(engine):
+    rng = np.random.default_rng(0)
+    a_core = rng.normal(0, 0.3, (7, 2))
+    a_out = np.array([[-10.0, 0.0], [-10.0, 0.5]])  # correctly labelled but far
+    mis = np.array([[3.0, 0.0]])  # labelled A, sits on B's mean
+    b = np.array([3.0, 0.0]) + rng.normal(0, 0.3, (10, 2))
+    b -= b.mean(0) - np.array([3.0, 0.0])
+    X = np.vstack([a_core, a_out, mis, b])
+    y = np.array([0] * 10 + [1] * 10)
+    R = np.array([[0.6, -0.8], [0.8, 0.6]])
+    vs = [X, X @ R * 2.0 + 1.0]
+    ctx = S.Context(y, 2)
+    mis_idx = 9
+    keep_ram = S.run_method("ram", vs, ctx, [0.8], engine=engine)[0].indices
+    keep_apl = S.run_method("ram-apl", vs, ctx, [0.8], engine=engine)[0].indices
+    assert mis_idx in keep_ram
+    assert mis_idx not in keep_apl
+    assert len(keep_ram) == len(keep_apl) == 16
+
+
+# ------------------------------------------------------------------------------------ the baselines
+
+
+def test_kcenter_herding_graphcut_match_brute_force(engine):
+    rng = np.random.default_rng(2)
+    X = rng.normal(0, 1, (40, 5)) + 0.5
+    y = np.zeros(40, dtype=np.int64)
+    ctx = S.Context(y, 1)
+    b = 12
+    # k-center (DeepCore): random start via RandomState(seed).randint, then farthest-first
+    start = np.random.RandomState(7).randint(0, 40)
+    sel = [start]
+    D = np.linalg.norm(X[:, None] - X[None], axis=-1)
+    while len(sel) < b:
+        mins = D[:, sel].min(1)
+        mins[sel] = -1
+        sel.append(int(np.argmax(mins)))
+    got = S.run_method("kcenter", [X], ctx, [b / 40], engine=engine, seed=7)[0].indices
+    np.testing.assert_array_equal(got, np.sort(sel))
+    # herding, argmin: ||(i+1) mu - sum_S - x||
+    mu, sel = X.mean(0), []
+    for i in range(b):
+        v = (i + 1) * mu - X[sel].sum(0)
+        dd = np.linalg.norm(v - X, axis=1)
+        dd[sel] = np.inf
+        sel.append(int(np.argmin(dd)))
+    got = S.run_method("herding", [X], ctx, [b / 40], engine=engine)[0].indices
+    np.testing.assert_array_equal(got, np.sort(sel))
+    # graph-cut (DeepCore GraphCut + naive greedy): gain = lam*colsum(sim) - 2*sum_{s in S} sim(s, x)
+    U = X / np.linalg.norm(X, axis=1, keepdims=True)
+    sim = 0.5 + 0.5 * U @ U.T
+    sel = []
+    for _ in range(b):
+        gain = sim.sum(0) - 2 * sim[sel].sum(0)
+        gain[sel] = -np.inf
+        sel.append(int(np.argmax(gain)))
+    got = S.run_method("graphcut", [X], ctx, [b / 40], engine=engine)[0].indices
+    np.testing.assert_array_equal(got, np.sort(sel))
+
+
+def test_moderate_and_random_follow_official(engine):
+    vs, y = blobs(n_per=(21, 30), views=1)
+    X = vs[0]
+    got = S.run_method("moderate", vs, S.Context(y, 2), [0.3], engine=engine)[0].indices
+    want = []
+    for c in range(2):
+        g = np.flatnonzero(y == c)
+        dd = np.linalg.norm(X[g] - np.median(X[g], axis=0), axis=1)
+        bud = int(len(g) * 0.3)
+        lo = round(0.5 * (len(g) - bud))
+        want.extend(g[np.argsort(dd, kind="stable")[lo:lo + bud]])
+    np.testing.assert_array_equal(got, np.sort(want))
+    rs = np.random.RandomState(4)
+    want = np.concatenate([rs.choice(np.flatnonzero(y == c), round(n * 0.3), replace=False)
+                           for c, n in enumerate((21, 30))])
+    got = S.run_method("random", vs, S.Context(y, 2), [0.3], engine=engine, seed=4)[0].indices
+    np.testing.assert_array_equal(got, np.sort(want))
+
+
+def test_chunking_does_not_change_results():
+    vs, y = blobs(n_per=(50, 60, 45), sep=1.0, seed=9, views=3)
+    a, _ = S.select_many(list(S.METHODS), vs, y, 3, [0.2, 0.6], engine=Engine("cpu"))
+    b, _ = S.select_many(list(S.METHODS), vs, y, 3, [0.2, 0.6], engine=Engine("cpu", chunk_rows=7))
+    for s, t in zip(a, b):
+        np.testing.assert_array_equal(s.indices, t.indices, err_msg=s.method)
+
+
+# ------------------------------------------------------------------------------------ effect sizes
+
+
+@pytest.fixture(scope="module")
+def digits_ds():
+    from icmltools.subset.data import digits
+
+    return digits(3)
+
+
+def _eval(ds, methods, rates, noise, engine):
+    from icmltools.subset.api import pinned_threads
+    from icmltools.subset.evaluate import evaluate
+
+    with pinned_threads():
+        res = evaluate(methods, ds.views, ds.labels, ds.n_classes, rates, ds.raw, ds.raw_test, ds.test_labels,
+                       engine=engine, seeds=[0, 1, 2], noise=noise, full_data=False)
+    return {(r["method"], r["rate"]): r for r in res["evaluation"]}
+
+
+def test_digits_low_rate_ram_apl_beats_random(digits_ds, engine):
+    # measured: 1 %: 84.2 vs 58.7; 5 %: 89.8 vs 87.3 (three seeds, logistic regression)
+    r = _eval(digits_ds, ["ram-apl", "random"], [0.01], 0.0, engine)
+    assert r[("ram-apl", 0.01)]["test_acc"] > r[("random", 0.01)]["test_acc"] + 0.15
+
+
+def test_digits_label_noise_ram_apl_over_ram_over_random(digits_ds, engine):
+    # measured at 20 % noise: 50 %: 92.4 / 91.4 / 83.2; 70 %: 93.9 / 88.7 / 86.1
+    r = _eval(digits_ds, ["ram-apl", "ram", "random"], [0.5, 0.7], 0.2, engine)
+    for p in (0.5, 0.7):
+        a, m, u = (r[(k, p)]["test_acc"] for k in ("ram-apl", "ram", "random"))
+        assert a > m + 0.005 and m > u + 0.01, (p, a, m, u)
+        assert r[("ram-apl", p)]["noisy_fraction"] < 0.03 < 0.15 < r[("random", p)]["noisy_fraction"]
+
+
+# ------------------------------------------------------------------------------------ CLI and files
+
+
+def _write(tmp_path, vs, y):
+    paths = []
+    for k, X in enumerate(vs):
+        p = tmp_path / f"f{k}.npy"
+        np.save(p, X.astype(np.float32))
+        paths.append(str(p))
+    yp = tmp_path / "y.npy"
+    np.save(yp, y)
+    return paths, str(yp)
+
+
+def test_cli_select_files_and_formats(tmp_path, run_cli):
+    import torch
+    from safetensors.numpy import save_file
+
+    vs, y = blobs(n_per=(30, 40, 25), sep=1.5, seed=1, views=2)
+    paths, yp = _write(tmp_path, vs, y)
+    out = tmp_path / "idx.txt"
+    _, doc = run_cli(["subset-select", "-q", "-f", paths[0], "-f", paths[1], "--labels", yp, "-r", "0.3",
+                      "--indices-out", str(out)])
+    res = doc["result"]
+    assert doc["command"] == "subset-select" and res["mode"] == "select"
+    s = res["selections"][0]
+    assert s["method"] == "ram-apl" and s["weights"]["W1"] == pytest.approx(S.weights(0.3)[0])
+    assert s["per_class"] == {"0": 9, "1": 12, "2": 8} and s["n_selected"] == 29
+    assert np.loadtxt(out, dtype=int).tolist() == s["indices"] == sorted(s["indices"])
+    # the same data as .npz / .pt / .safetensors and CSV labels with string classes
+    np.savez(tmp_path / "a.npz", feats=vs[0].astype(np.float32))
+    torch.save(torch.from_numpy(vs[1].astype(np.float32)), tmp_path / "b.pt")
+    save_file({"x": vs[1].astype(np.float32)}, str(tmp_path / "b.safetensors"))
+    names = np.array(["cat", "dog", "eel"])[y]
+    (tmp_path / "y.csv").write_text("id,label\n" + "".join(f"{i},{n}\n" for i, n in enumerate(names)))
+    for second in ("b.pt", "b.safetensors"):
+        _, doc2 = run_cli(["subset-select", "-q", "-f", str(tmp_path / "a.npz"), "-f", str(tmp_path / second),
+                           "--labels", str(tmp_path / "y.csv") + ":label", "-r", "0.3"])
+        s2 = doc2["result"]["selections"][0]
+        assert s2["indices"] == s["indices"]
+        assert s2["per_class"] == {"cat": 9, "dog": 12, "eel": 8}
+
+
+def test_cli_several_methods_rates_index_files(tmp_path, run_cli):
+    vs, y = blobs(n_per=(30, 40), views=2)
+    paths, yp = _write(tmp_path, vs, y)
+    _, doc = run_cli(["subset-select", "-q", "-f", paths[0], "-f", paths[1], "--labels", yp, "-m", "ram-apl",
+                      "-m", "kcenter", "-r", "0.1", "-r", "0.5", "--indices-out", str(tmp_path / "s.txt"),
+                      "--no-indices", "--noise", "0.1"])
+    sels = doc["result"]["selections"]
+    assert [(s["method"], s["rate"]) for s in sels] == [("ram-apl", 0.1), ("ram-apl", 0.5), ("kcenter", 0.1),
+                                                        ("kcenter", 0.5)]
+    assert all("indices" not in s and 0 <= s["noisy_fraction"] <= 1 for s in sels)
+    files = doc["artifacts"]["indices"]
+    assert len(files) == 4 and files[0].endswith("s.ram-apl.p0.1.txt")
+    # noisy labels change the class sizes: 30/40 become n0/n1, budgets round(0.5 n_c)
+    assert len(np.loadtxt(files[3], dtype=int)) == sels[3]["n_selected"] == sum(sels[3]["per_class"].values())
+    assert sels[1]["per_class"] == sels[3]["per_class"] and sels[0]["per_class"] == sels[2]["per_class"]
+
+
+def test_cli_evaluate_contract(run_cli):
+    _, doc = run_cli(["subset-select", "-q", "--dataset", "synthetic", "--seeds", "2", "-r", "0.05", "-r", "0.3",
+                      "-m", "ram-apl", "-m", "random", "--noise", "0.2"])
+    res = doc["result"]
+    assert res["mode"] == "evaluate" and res["dataset"] == "synthetic" and res["seeds"] == [0, 1]
+    rows = res["evaluation"]
+    assert {(r["method"], r["rate"]) for r in rows} == {(m, p) for m in ("ram-apl", "random") for p in (0.05, 0.3)}
+    for r in rows:
+        assert 0 <= r["test_acc"] <= 1 and r["test_acc_std"] >= 0 and len(r["test_accs"]) == 2
+        assert 0 <= r["noisy_fraction"] <= 1
+    assert doc["device"]["resolved"] == "cpu" and doc["seed"] == 0 and "evaluate" in doc["timing"]
+
+
+def test_cli_evaluate_user_features_holdout(tmp_path, run_cli):
+    vs, y = blobs(n_per=(40, 40, 40), sep=1.0, views=2)
+    paths, yp = _write(tmp_path, vs, y)
+    _, doc = run_cli(["subset-select", "-q", "-f", paths[0], "-f", paths[1], "--labels", yp, "--evaluate",
+                      "-m", "ram-apl", "-m", "herding", "-r", "0.2", "--seeds", "1", "--target", "mlp"])
+    res = doc["result"]
+    assert res["n_train"] == 90 and res["n_test"] == 30 and res["eval_input"] == "view:0"
+    assert len(res["evaluation"]) == 2
+
+
+def _bad(run_cli, args, needle):
+    res, _ = run_cli(["subset-select", "-q"] + args, expect_code=2)
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(err) == 1 and "Traceback" not in res.stderr, res.stderr
+    assert needle in err[0], err[0]
+    return err[0]
+
+
+def test_bad_inputs(tmp_path, run_cli):
+    vs, y = blobs(n_per=(10, 12), views=2)
+    paths, yp = _write(tmp_path, vs, y)
+    short = tmp_path / "short.npy"
+    np.save(short, vs[1][:-1])
+    _bad(run_cli, ["-f", paths[0], "-f", str(short), "--labels", yp], "rows")
+    nan = vs[0].copy()
+    nan[5, 2] = np.nan
+    np.save(tmp_path / "nan.npy", nan)
+    _bad(run_cli, ["-f", str(tmp_path / "nan.npy"), "--labels", yp], "row 5 holds NaN")
+    inf = vs[0].copy()
+    inf[17, 0] = np.inf
+    np.save(tmp_path / "inf.npy", inf)
+    _bad(run_cli, ["-f", str(tmp_path / "inf.npy"), "-m", "kcenter", "--labels", yp], "row 17 holds NaN or inf")
+    y1 = y.copy()
+    y1[0] = 7  # class 7 has a single sample
+    np.save(tmp_path / "y1.npy", y1)
+    _bad(run_cli, ["-f", paths[0], "--labels", str(tmp_path / "y1.npy")], "has 1 sample")
+    for r in ("0", "1.5", "-0.2"):
+        _bad(run_cli, ["-f", paths[0], "--labels", yp, "-r", r], "must lie in (0, 1]")
+    np.save(tmp_path / "ylong.npy", np.concatenate([y, y[:3]]))
+    _bad(run_cli, ["-f", paths[0], "--labels", str(tmp_path / "ylong.npy")], "25 labels")
+    _bad(run_cli, ["-f", str(tmp_path / "missing.npy"), "--labels", yp], "no such file")
+    np.save(tmp_path / "three.npy", np.zeros((22, 2, 2)))
+    _bad(run_cli, ["-f", str(tmp_path / "three.npy"), "--labels", yp], "2-D")
+    # nothing half-written
+    _bad(run_cli, ["-f", str(tmp_path / "nan.npy"), "--labels", yp, "--indices-out", str(tmp_path / "o.txt")], "NaN")
+    assert not (tmp_path / "o.txt").exists()
