@@ -9,7 +9,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "onemax-sim": ("onemax_sim", "Learning-augmented one-max search: Pareto-optimal smooth rules vs baselines."),
     # registry:fope-train
     # registry:negmerge
-    # registry:subset-select
+    "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     # registry:reopt
     # registry:goskill
 }

@@ -21,7 +21,7 @@ FAST_ARGS = {
     "onemax-sim": ["--mode", "worst-case", "--theta", "16", "--lam", "0.5"],
     # fast-args:fope-train
     # fast-args:negmerge
-    # fast-args:subset-select
+    "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
     # fast-args:reopt
     # fast-args:goskill
 }
