@@ -1,0 +1,130 @@
+"""History: solution files, solving history instances (plain SCIP, cached by file hash) and the
+process pool used for independent solves (`--jobs`)."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from icmltools.core.errors import BadInputError
+from icmltools.core.jsonio import atomic_write_json
+
+from .milp import check_instance_path, file_sha256
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """`$ICML_REOPT_CACHE`, else `<runs root>/_cache/reopt` (next to the run folders)."""
+    env = os.environ.get("ICML_REOPT_CACHE")
+    if env:
+        return Path(env)
+    from icmltools.core.runs import runs_root
+
+    return runs_root() / "_cache" / "reopt"
+
+
+def read_solution_file(path) -> dict:
+    """A solution as {variable name: value}: SCIP's .sol text format or a JSON object."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInputError(f"{p}: no such solution file")
+    text = p.read_text(errors="replace")
+    if text.lstrip().startswith("{"):
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise BadInputError(f"{p}: invalid JSON ({e})") from None
+        d = d.get("values", d)
+        try:
+            return {str(k): float(v) for k, v in d.items()}
+        except (TypeError, ValueError):
+            raise BadInputError(f"{p}: JSON solution must map variable names to numbers") from None
+    sol = {}
+    for ln, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        low = s.lower()
+        if not s or s.startswith("#") or low.startswith("solution status") or low.startswith("objective value") \
+                or low.startswith("=obj="):
+            continue
+        parts = s.split()
+        if len(parts) < 2:
+            raise BadInputError(f"{p}: line {ln} is not '<name> <value>'")
+        try:
+            sol[parts[0]] = float(parts[1])
+        except ValueError:
+            raise BadInputError(f"{p}: line {ln}: value {parts[1]!r} is not a number") from None
+    if not sol:
+        raise BadInputError(f"{p}: no variable values found")
+    return sol
+
+
+def write_solution_file(path, names, values, objective) -> None:
+    """SCIP .sol text format (readable by SCIP's readSol and by `read_solution_file`)."""
+    from icmltools.core.jsonio import atomic_write_text
+
+    lines = ["solution status: feasible", f"objective value: {objective!r}"]
+    lines += [f"{n} {float(v)!r}" for n, v in zip(names, values) if v != 0]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -> list:
+    """`[fn(x) for x in items]`, in `jobs` worker processes when jobs > 1 (order kept)."""
+    out = [None] * len(items)
+    if jobs <= 1 or len(items) <= 1:
+        for i, it in enumerate(items):
+            out[i] = fn(it)
+            if progress:
+                progress(desc, i + 1, len(items))
+        return out
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
+        futs = {ex.submit(fn, it): i for i, it in enumerate(items)}
+        from concurrent.futures import as_completed
+
+        for done, f in enumerate(as_completed(futs), 1):
+            out[futs[f]] = f.result()
+            if progress:
+                progress(desc, done, len(items))
+    return out
+
+
+def _history_job(args):
+    path, time_limit, seed, cache_dir = args
+    from .solve import SolveConfig, solve_scip
+
+    sha = file_sha256(path)
+    key = f"{sha}_t{time_limit:g}_s{seed}.json"
+    cfile = Path(cache_dir) / key if cache_dir else None
+    if cfile is not None and cfile.is_file():
+        try:
+            d = json.loads(cfile.read_text())
+            d["cached"] = True
+            return d
+        except (OSError, json.JSONDecodeError):
+            pass
+    res = solve_scip(path, SolveConfig(time_limit=time_limit, seed=seed))
+    d = {"path": str(path), "sha256": sha, "time_limit": time_limit, "status": res.status,
+         "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "cached": False}
+    if cfile is not None and res.feasible:
+        try:
+            atomic_write_json(cfile, d, indent=None)
+        except OSError as e:  # a read-only cache is not fatal
+            log.warning("could not write history cache %s: %s", cfile, e)
+    return d
+
+
+def solve_history(paths: list, time_limit: float, seed: int = 0, cache_dir=None, jobs: int = 1,
+                  progress=None) -> list:
+    """Solve each history instance with plain SCIP under `time_limit` (cached by sha256 of the file,
+    the limit and the seed). Returns one dict per path: status, objective, values (or None), cached."""
+    if not (time_limit > 0) or not math.isfinite(time_limit):
+        raise BadInputError(f"history time limit must be > 0, got {time_limit}")
+    for p in paths:
+        check_instance_path(p)
+    return pool_map(_history_job, [(str(p), float(time_limit), int(seed), str(cache_dir) if cache_dir else None)
+                                   for p in paths], jobs, progress, "history")

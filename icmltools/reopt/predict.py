@@ -1,0 +1,217 @@
+"""Stage 1 of VP-OR: predict a high-confidence solution space for the new instance.
+
+- `marginal` (default, ours): recency-weighted marginals of the history solutions; P(x_j = 1) for
+  binaries, an interval from recent history values for general integers.
+- `gnn` (optional): a small torch bipartite GNN over the variable-constraint graph trained on the series
+  itself (pairs "features of instance k with the solution of k-1 -> solution of k"); the paper's GNN
+  takes the base instance's optimal solution as a feature in the same way (paper, Stage 1). It predicts
+  P(x=1) for binaries; integers keep the marginal intervals.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from icmltools.core.errors import BadInputError
+
+from .milp import Milp
+from .ts import Prediction
+
+log = logging.getLogger(__name__)
+
+
+def history_matrix(names: list, history: list) -> np.ndarray:
+    """(H, n) values of the history solutions for `names` (NaN where a solution lacks a name)."""
+    X = np.full((len(history), len(names)), np.nan)
+    for k, sol in enumerate(history):
+        for j, n in enumerate(names):
+            v = sol.get(n)
+            if v is not None:
+                X[k, j] = v
+    return X
+
+
+def recency_weights(h: int, decay: float) -> np.ndarray:
+    return decay ** np.arange(h - 1, -1, -1, dtype=float)
+
+
+def marginal_prediction(names, kind, lb, ub, history: list, decay: float = 0.8, recent: int = 3) -> Prediction:
+    """Recency-weighted marginals (weight decay^age) of the history solutions."""
+    kind = np.asarray(kind)
+    n = len(names)
+    if not history:
+        return Prediction(list(names), kind, np.full(n, 0.5), np.full(n, -math.inf), np.full(n, math.inf),
+                          np.asarray(lb, float), np.asarray(ub, float))
+    X = history_matrix(names, history)
+    w = recency_weights(len(history), decay)[:, None] * ~np.isnan(X)
+    Xz = np.nan_to_num(X)
+    wsum = w.sum(axis=0)
+    p = np.where(wsum > 0, (w * np.clip(Xz, 0, 1)).sum(axis=0) / np.maximum(wsum, 1e-12), 0.5)
+    R = X[-recent:]
+    with np.errstate(all="ignore"):
+        lo = np.where(np.all(np.isnan(R), axis=0), -math.inf, np.floor(np.nanmin(np.where(np.isnan(R), np.inf, R),
+                                                                                  axis=0) + 1e-6))
+        hi = np.where(np.all(np.isnan(R), axis=0), math.inf, np.ceil(np.nanmax(np.where(np.isnan(R), -np.inf, R),
+                                                                               axis=0) - 1e-6))
+    inside = (X >= lo - 1e-6) & (X <= hi + 1e-6)
+    conf = np.where(wsum > 0, (w * inside).sum(axis=0) / np.maximum(wsum, 1e-12), 0.0)
+    p = np.where(kind == "I", conf, p)
+    return Prediction(list(names), kind, p, lo, hi, np.asarray(lb, float), np.asarray(ub, float))
+
+
+# ------------------------------------------------------------------------------------------ GNN
+
+
+def _features(milp: Milp, prev: np.ndarray, marg: np.ndarray):
+    """Variable and constraint features of the bipartite graph (scale-free where possible)."""
+    A = milp.A.tocoo()
+    absobj = np.abs(milp.obj)
+    oscale = absobj.max() if absobj.max() > 0 else 1.0
+    deg_v = np.bincount(A.col, minlength=milp.n).astype(float)
+    deg_c = np.bincount(A.row, minlength=milp.m).astype(float)
+    lbf = np.clip(np.nan_to_num(milp.lb, posinf=1e3, neginf=-1e3), -1e3, 1e3)
+    ubf = np.clip(np.nan_to_num(milp.ub, posinf=1e3, neginf=-1e3), -1e3, 1e3)
+    sign = -1.0 if milp.sense == "maximize" else 1.0
+    xv = np.stack([sign * milp.obj / oscale, np.sign(lbf) * np.log1p(np.abs(lbf)), np.sign(ubf) * np.log1p(np.abs(ubf)),
+                   (milp.vtype == "B").astype(float), (milp.vtype == "I").astype(float),
+                   deg_v / max(deg_v.max(), 1.0), np.nan_to_num(np.clip(prev, -1e3, 1e3)), marg], axis=1)
+    fin_l, fin_r = np.isfinite(milp.lhs), np.isfinite(milp.rhs)
+    rowabs = np.asarray(abs(milp.A).sum(axis=1)).ravel()
+    rowabs = np.where(rowabs > 0, rowabs, 1.0)
+    xc = np.stack([np.where(fin_l, np.nan_to_num(milp.lhs) / rowabs, 0.0), fin_l.astype(float),
+                   np.where(fin_r, np.nan_to_num(milp.rhs) / rowabs, 0.0), fin_r.astype(float),
+                   deg_c / max(deg_c.max(), 1.0)], axis=1)
+    vals = A.data / rowabs[A.row]
+    return xv.astype(np.float32), xc.astype(np.float32), A.row, A.col, vals.astype(np.float32)
+
+
+def _build_net(torch, hidden: int = 32):
+    nn = torch.nn
+
+    class BipartiteGNN(nn.Module):
+        """Two half-convolutions (variables -> constraints -> variables), as in Gasse et al. 2019."""
+
+        def __init__(self):
+            super().__init__()
+            self.ev = nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+            self.ec = nn.Sequential(nn.Linear(5, hidden), nn.ReLU(), nn.Linear(hidden, hidden))
+            self.vc = nn.Linear(hidden, hidden)
+            self.cv = nn.Linear(hidden, hidden)
+            self.uc = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU())
+            self.uv = nn.Sequential(nn.Linear(2 * hidden, hidden), nn.ReLU())
+            self.out = nn.Sequential(nn.Linear(hidden + 8, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+        def forward(self, xv, xc, ri, ci, w):
+            hv, hc = self.ev(xv), self.ec(xc)
+            m = torch.zeros_like(hc).index_add_(0, ri, self.vc(hv)[ci] * w[:, None])
+            hc = self.uc(torch.cat([hc, m], 1))
+            m = torch.zeros_like(hv).index_add_(0, ci, self.cv(hc)[ri] * w[:, None])
+            hv = self.uv(torch.cat([hv, m], 1))
+            return self.out(torch.cat([hv, xv], 1)).squeeze(1)
+
+    return BipartiteGNN()
+
+
+class _Adam:
+    """Plain Adam (Kingma & Ba). Written out because constructing torch.optim.Adam imports
+    torch._dynamo, measured at 7.6 s on these machines: more than a whole time limit."""
+
+    def __init__(self, torch, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
+        self.torch, self.params, self.lr, self.b1, self.b2, self.eps = torch, params, lr, b1, b2, eps
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = 0
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.t += 1
+        with self.torch.no_grad():
+            for p, m, v in zip(self.params, self.m, self.v):
+                if p.grad is None:
+                    continue
+                m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
+                v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
+                mh = m / (1 - self.b1 ** self.t)
+                vh = v / (1 - self.b2 ** self.t)
+                p.sub_(self.lr * mh / (vh.sqrt() + self.eps))
+
+
+def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = "cpu", decay: float = 0.8,
+                   epochs: int = 150, seed: int = 0, deadline=None, threads: int | None = 1) -> tuple[Prediction, dict]:
+    """Train the bipartite GNN on the history series and predict P(x=1) for the new instance."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover
+        from icmltools.core.errors import MissingDependencyError
+
+        raise MissingDependencyError("--predictor gnn needs torch") from e
+    import time
+
+    base = marginal_prediction(new.var_names, new.vtype, new.lb, new.ub, history, decay)
+    info = {"predictor": "gnn", "pairs": 0, "epochs": 0, "device": device}
+    pairs = []
+    for k in range(1, len(history)):
+        hm = history_milps[k]
+        if hm is None or history[k] is None or history[k - 1] is None:
+            continue
+        names = hm.var_names
+        prev = history_matrix(names, [history[k - 1]])[0]
+        marg = marginal_prediction(names, hm.vtype, hm.lb, hm.ub, history[:k], decay).p
+        y = history_matrix(names, [history[k]])[0]
+        mask = (hm.vtype == "B") & ~np.isnan(y)
+        pairs.append((_features(hm, prev, marg), np.nan_to_num(y), mask))
+    if len(pairs) < 2:
+        info["fallback"] = "fewer than 3 solved history instances; marginal prediction used"
+        return base, info
+    if threads:
+        torch.set_num_threads(threads)  # many threads on small graphs and shared cores: 10-20x slower
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    net = _build_net(torch).to(device)
+    opt = _Adam(torch, list(net.parameters()), lr=5e-3)
+
+    def tens(feat):
+        xv, xc, ri, ci, w = feat
+        return (torch.from_numpy(xv).to(device), torch.from_numpy(xc).to(device),
+                torch.from_numpy(np.asarray(ri, dtype=np.int64)).to(device),
+                torch.from_numpy(np.asarray(ci, dtype=np.int64)).to(device), torch.from_numpy(w).to(device))
+
+    data = [(tens(f), torch.from_numpy(y.astype(np.float32)).to(device), torch.from_numpy(m).to(device))
+            for f, y, m in pairs]
+    lossf = torch.nn.BCEWithLogitsLoss()
+    loss_v = float("nan")
+    for ep in range(epochs):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        for i in torch.randperm(len(data), generator=g).tolist():
+            (xv, xc, ri, ci, w), y, m = data[i]
+            if not bool(m.any()):
+                continue
+            opt.zero_grad()
+            loss = lossf(net(xv, xc, ri, ci, w)[m], y[m])
+            loss.backward()
+            opt.step()
+            loss_v = float(loss.detach())
+        info["epochs"] = ep + 1
+    info["pairs"] = len(pairs)
+    info["final_loss"] = loss_v
+    prev = history_matrix(new.var_names, [history[-1]])[0]
+    with torch.no_grad():
+        p = torch.sigmoid(net(*tens(_features(new, prev, base.p)))).cpu().numpy().astype(float)
+    pred = Prediction(base.names, base.kind, np.where(base.kind == "B", p, base.p), base.lo, base.hi, base.lb, base.ub)
+    return pred, info
+
+
+def check_names(new_names: list, other_names: list, what: str, new_label: str) -> None:
+    a, b = set(new_names), set(other_names)
+    if a != b:
+        only_new = sorted(a - b)[:3]
+        only_old = sorted(b - a)[:3]
+        raise BadInputError(f"{what} and {new_label} have different variable names "
+                            f"({len(a - b)} only in the new instance, e.g. {only_new}; {len(b - a)} only in the "
+                            f"history, e.g. {only_old})", hint="variables are matched by name")

@@ -1,0 +1,334 @@
+"""icml reopt: generators, MPS round trip, Thompson sampling, predictor, metrics, every method on tiny
+instances (1 s limits), relaxation on infeasible fixings, bad input, and the CLI."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from icmltools.core.errors import BadInputError
+from icmltools.reopt.generators import MODES, PROBLEMS, SeriesSpec, generate_series
+from icmltools.reopt.milp import Milp, changed_components, mps_bytes, read_milp
+from icmltools.reopt.predict import marginal_prediction
+from icmltools.reopt.solve import SolveConfig, primal_gap, primal_integral, solve_one, solve_vpor
+from icmltools.reopt.ts import Prediction, ThompsonFixer
+
+RESULT_KEYS = ("method", "status", "objective", "primal_gap", "primal_integral", "time_to_first", "feasible")
+
+
+@pytest.fixture(scope="module")
+def obj_series(tmp_path_factory):
+    d = tmp_path_factory.mktemp("obj")
+    return generate_series(SeriesSpec("setcover", "obj", "tiny", 5, seed=1), d)
+
+
+# ------------------------------------------------------------------------------------------ generators
+
+
+def test_generator_is_deterministic(tmp_path):
+    a = generate_series(SeriesSpec("setcover", "rhs", "tiny", 3, seed=7), tmp_path / "a")
+    b = generate_series(SeriesSpec("setcover", "rhs", "tiny", 3, seed=7), tmp_path / "b")
+    c = generate_series(SeriesSpec("setcover", "rhs", "tiny", 3, seed=8), tmp_path / "c")
+    assert a["sha256"] == b["sha256"]
+    assert a["sha256"] != c["sha256"]
+    assert len(set(a["sha256"])) == 3  # instances differ from each other
+    man = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    import hashlib
+
+    for f in man["instances"]:
+        assert hashlib.sha256((tmp_path / "a" / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+    test = Path(a["test_file"]).read_text().splitlines()
+    assert test[0].startswith("[TIMEOUT]") and len([t for t in test if t.endswith(".mps.gz")]) == 3
+
+
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_only_declared_component_changes(problem, tmp_path):
+    for mode in MODES:
+        r = generate_series(SeriesSpec(problem, mode, "tiny", 3, seed=0), tmp_path / mode)
+        milps = [read_milp(p) for p in r["instances"]]
+        for k in (1, 2):
+            ch = changed_components(milps[0], milps[k])
+            if mode == "mixed":
+                assert ch and ch <= {"obj", "rhs", "bnd"}, (mode, ch)
+            else:
+                assert ch == {mode}, (problem, mode, ch)
+
+
+def test_mps_round_trip_exact(tmp_path):
+    import scipy.sparse as sp
+
+    A = sp.csr_matrix(np.array([[1.0, 2.5, 0.0], [0.0, -1.0, 3.0], [1.0, 1.0, 1.0]]))
+    m = Milp("rt", ["a", "b", "c"], np.array(["B", "I", "C"]), np.array([0.0, -2.0, -math.inf]),
+             np.array([1.0, 7.0, 4.5]), np.array([1.0, -2.0, 0.5]), ["r1", "r2", "r3"], A,
+             np.array([-math.inf, 1.0, 2.0]), np.array([4.0, math.inf, 2.0]), sense="maximize")
+    p = tmp_path / "rt.mps"
+    p.write_bytes(mps_bytes(m, gz=False))
+    back = read_milp(p)
+    assert changed_components(m, back) == set()
+    assert back.sense == "maximize" and list(back.vtype) == ["B", "I", "C"]
+    assert mps_bytes(m, gz=True) == mps_bytes(m, gz=True)
+
+
+# ------------------------------------------------------------------------------------------ Thompson sampling
+
+
+def _pred(n=100, seed=0):
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(size=n)
+    kind = np.array(["B"] * (n - 10) + ["I"] * 5 + ["C"] * 5)
+    lb, ub = np.zeros(n), np.ones(n)
+    ub[n - 10:n - 5] = 10
+    ub[:5] = 0  # fixed to 0 by the instance: never eligible
+    lo = np.where(kind == "I", 2.0, -np.inf)
+    hi = np.where(kind == "I", 4.0, np.inf)
+    return Prediction([f"x{i}" for i in range(n)], kind, p, lo, hi, lb, ub)
+
+
+def test_ts_selection_size_and_bounds():
+    pred = _pred()
+    ts = ThompsonFixer(pred, fix_ratio=0.7, prior_strength=10, rng=np.random.default_rng(0))
+    assert ts.n_eligible == 85 + 5  # 90 binaries minus 5 fixed, plus 5 integers with a tighter interval
+    sel = ts.sample()
+    assert len(sel.idx) == round(0.7 * 90) == len(set(sel.idx.tolist()))
+    assert np.all(sel.new_lb >= pred.lb[sel.idx]) and np.all(sel.new_ub <= pred.ub[sel.idx])
+    assert np.all(sel.new_lb <= sel.new_ub)
+    assert not set(sel.idx.tolist()) & set(range(5)) and not set(sel.idx.tolist()) & set(range(95, 100))
+    b = pred.kind[sel.idx] == "B"
+    assert np.all(sel.new_lb[b] == sel.new_ub[b]) and set(np.unique(sel.new_lb[b])) <= {0.0, 1.0}
+    ints = ~b
+    assert np.all(sel.new_lb[ints] == 2) and np.all(sel.new_ub[ints] == 4)
+    assert len(ThompsonFixer(pred, fix_ratio=0.0).sample().idx) == 0
+    assert len(ThompsonFixer(pred, fix_ratio=1.0).sample().idx) == 90
+    groups = sel.groups(10)
+    assert len(groups) == 10 and sorted(np.concatenate(groups).tolist()) == list(range(len(sel.idx)))
+    assert np.all(sel.score[groups[0]] >= sel.score[groups[-1]].max() - 1e-12)  # least confident released first
+
+
+def test_ts_prefers_confident_variables():
+    n = 200
+    p = np.r_[np.full(100, 0.5), np.full(50, 0.0), np.full(50, 1.0)]
+    pred = Prediction([str(i) for i in range(n)], np.array(["B"] * n), p, np.zeros(n), np.ones(n), np.zeros(n),
+                      np.ones(n))
+    sel = ThompsonFixer(pred, fix_ratio=0.5, prior_strength=50, rng=np.random.default_rng(3)).sample()
+    confident = np.sum(sel.idx >= 100)
+    assert confident >= 90  # of the 100 fixed, nearly all are the confident ones
+    vals = sel.new_lb[sel.idx >= 100]
+    assert np.mean(vals == (sel.idx[sel.idx >= 100] >= 150)) >= 0.95
+
+
+def test_ts_update_and_seed_determinism():
+    pred = _pred()
+    a = ThompsonFixer(pred, 0.7, 10, np.random.default_rng(5))
+    b = ThompsonFixer(pred, 0.7, 10, np.random.default_rng(5))
+    c = ThompsonFixer(pred, 0.7, 10, np.random.default_rng(6))
+    sa, sb, sc = a.sample(), b.sample(), c.sample()
+    assert np.array_equal(sa.idx, sb.idx) and np.array_equal(sa.new_lb, sb.new_lb)
+    assert not np.array_equal(sa.idx, sc.idx)
+    al, be = a.alpha.copy(), a.beta.copy()
+    x = np.zeros(100)
+    x[10:20] = 1
+    x[90:95] = 3  # inside [2, 4]
+    a.update(x)
+    e = a.eligible
+    assert np.allclose(a.alpha[e] - al[e], np.where(a.pred.kind[e] == "B", x[e], 1.0))
+    assert np.allclose(a.beta[e] - be[e], np.where(a.pred.kind[e] == "B", 1 - x[e], 0.0))
+    assert np.array_equal(a.alpha[:5], al[:5])  # non-eligible untouched
+    assert a.consistent(sa, _fill(sa, 100))
+    flipped = _fill(sa, 100)
+    b_pos = np.where(a.pred.kind[sa.idx] == "B")[0][0]
+    flipped[sa.idx[b_pos]] = 1 - flipped[sa.idx[b_pos]]
+    assert not a.consistent(sa, flipped)
+
+
+def _fill(sel, n):
+    x = np.zeros(n)
+    x[sel.idx] = sel.new_lb
+    return x
+
+
+def test_marginal_prediction_exact():
+    hist = [{"a": 1, "b": 0, "k": 3}, {"a": 0, "b": 0, "k": 5}, {"a": 1, "b": 1, "k": 4}]
+    pr = marginal_prediction(["a", "b", "k"], ["B", "B", "I"], [0, 0, 0], [1, 1, 9], hist, decay=0.5, recent=2)
+    w = np.array([0.25, 0.5, 1.0])
+    assert pr.p[0] == pytest.approx((0.25 + 1) / w.sum())
+    assert pr.p[1] == pytest.approx(1 / w.sum())
+    assert (pr.lo[2], pr.hi[2]) == (4, 5)
+    assert pr.p[2] == pytest.approx(1.5 / 1.75)  # weight share of history values inside [4, 5]
+
+
+def test_gap_and_integral_closed_form():
+    assert primal_gap(110, 100) == pytest.approx(10 / 110)
+    assert primal_gap(None, 100) == 1.0 and primal_gap(-1, 1) == 1.0 and primal_gap(5, None) is None
+    # no solution for 2 s, then gap 0.5 (obj 200 vs ref 100) until 6 s, then optimal; T = 10
+    pi = primal_integral([(2.0, 200.0), (6.0, 100.0)], 100.0, 10.0, "minimize")
+    assert pi == pytest.approx((2 * 1.0 + 4 * 0.5) / 10)
+    assert primal_integral([(1.0, 50.0), (2.0, 60.0)], 100.0, 10.0, "maximize") == pytest.approx((1 + 0.5 + 8 * 0.4) / 10)
+
+
+# ------------------------------------------------------------------------------------------ solving
+
+
+def _history(paths):
+    cfg = SolveConfig(time_limit=1.0)
+    return [solve_one("scip", p, [], cfg).solution() for p in paths]
+
+
+@pytest.mark.parametrize("method", ["vpor", "scip", "warm", "reopt"])
+def test_every_method_tiny_one_second(method, obj_series):
+    paths = obj_series["instances"]
+    hist = _history(paths[:3])
+    res = solve_one(method, paths[4], hist, SolveConfig(time_limit=1.0, seed=0), history_paths=paths[:4],
+                    reference=None)
+    d = res.to_dict()
+    for k in RESULT_KEYS:
+        assert k in d
+    assert d["method"] == method
+    assert d["feasible"] is True, d
+    assert d["status"] in ("optimal", "feasible")
+    assert d["time_to_first"] is not None and d["solve_time"] < 3.0
+    # every recorded incumbent is monotone and the last one is the returned objective
+    inc = d["incumbents"]
+    assert all(b[1] <= a[1] + 1e-9 for a, b in zip(inc, inc[1:]))
+    assert inc[-1][1] == pytest.approx(d["objective"], abs=1e-6)
+    json.dumps(d)
+
+
+def _write(tmp_path, name, m):
+    p = tmp_path / name
+    p.write_bytes(mps_bytes(m, gz=False))
+    return p
+
+
+def _packing(n, cap):
+    import scipy.sparse as sp
+
+    return Milp("pk", [f"x{i:02d}" for i in range(n)], np.array(["B"] * n), np.zeros(n), np.ones(n),
+                np.arange(1, n + 1, dtype=float), ["cap"], sp.csr_matrix(np.ones((1, n))), np.array([-math.inf]),
+                np.array([float(cap)]), sense="maximize")
+
+
+def test_infeasible_fixings_are_relaxed(tmp_path):
+    """History says 'everything 1'; the new instance allows one item: every predicted fixing set is
+    infeasible, yet VP-OR returns a feasible (here optimal) solution after relaxations."""
+    n = 30
+    new = _write(tmp_path, "new.mps", _packing(n, 1))
+    hist = [{f"x{i:02d}": 1.0 for i in range(n)}] * 3
+    res = solve_vpor(new, hist, SolveConfig(time_limit=1.0, prior_strength=50, seed=0))
+    assert res.feasible is True
+    assert res.details["relaxations"] > 0
+    assert res.objective == pytest.approx(30.0)  # the single best item
+
+
+def test_infeasible_and_unbounded_instances_report_status(tmp_path):
+    import scipy.sparse as sp
+
+    inf_m = _packing(4, 1)
+    inf_m.lhs = np.array([2.5])
+    inf_m.rhs = np.array([1.0])
+    inf_m.lhs, inf_m.rhs = np.array([3.0]), np.array([math.inf])
+    inf_m.ub = np.array([1.0, 1.0, 0.0, 0.0])  # at most 2 items, need 3
+    p = _write(tmp_path, "inf.mps", inf_m)
+    for method in ("scip", "vpor"):
+        r = solve_one(method, p, [{f"x{i:02d}": 1.0 for i in range(4)}], SolveConfig(time_limit=1.0))
+        assert r.status in ("infeasible", "infeasible_or_unbounded") and r.feasible is None and r.objective is None
+    ub = Milp("ub", ["x", "y"], np.array(["I", "C"]), np.zeros(2), np.full(2, math.inf), np.array([1.0, 1.0]),
+              ["r"], sp.csr_matrix(np.array([[1.0, -1.0]])), np.array([-math.inf]), np.array([3.0]), "maximize")
+    p2 = _write(tmp_path, "unb.mps", ub)
+    for method in ("scip", "vpor"):
+        r = solve_one(method, p2, [], SolveConfig(time_limit=1.0))
+        assert r.status in ("unbounded", "infeasible_or_unbounded"), r.status
+
+
+def test_gnn_predictor_runs(obj_series):
+    paths = obj_series["instances"]
+    hist = _history(paths[:4])
+    milps = [read_milp(p) for p in paths[:4]]
+    res = solve_vpor(paths[4], hist, SolveConfig(time_limit=1.0, predictor="gnn", device="cpu"), milps)
+    assert res.feasible is True
+    assert res.details["gnn"]["pairs"] == 3 and res.details["gnn"]["epochs"] >= 1
+
+
+def test_history_cache_and_parallel_jobs(tmp_path, obj_series):
+    from icmltools.reopt.history import solve_history
+
+    paths = obj_series["instances"][:3]
+    a = solve_history(paths, 1.0, 0, tmp_path / "c", jobs=2)
+    b = solve_history(paths, 1.0, 0, tmp_path / "c", jobs=1)
+    assert [x["cached"] for x in a] == [False] * 3 and [x["cached"] for x in b] == [True] * 3
+    assert [x["objective"] for x in a] == [x["objective"] for x in b]
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_generate_solve_series(run_cli, tmp_path):
+    out = tmp_path / "series"
+    _, doc = run_cli(["reopt", "-q", "generate", "--problem", "setcover", "--mode", "bnd", "--instances", "4",
+                      "--out", str(out)])
+    assert doc["command"] == "reopt" and doc["result"]["mode"] == "generate"
+    inst = doc["result"]["instances"]
+    sol = tmp_path / "best.sol"
+    _, doc = run_cli(["reopt", "-q", "solve", inst[3], "--history", inst[0], "--history", inst[1], "--history",
+                      inst[2], "--method", "all", "--time-limit", "1", "--write-sol", str(sol)])
+    rs = doc["result"]["results"]
+    assert [r["method"] for r in rs] == ["vpor", "scip", "warm", "reopt"]
+    assert all(r["feasible"] for r in rs[:3]) and rs[3]["status"] == "not_applicable"
+    assert sol.exists() and doc["artifacts"]["solution"] == str(sol)
+    # the written solution is a valid history solution for the next call
+    _, doc2 = run_cli(["reopt", "-q", "solve", inst[3], "--history", inst[2], "--history-sol", str(sol),
+                       "--method", "vpor", "--time-limit", "1", "--reference", str(doc["result"]["best_objective"])])
+    r = doc2["result"]["results"][0]
+    assert r["feasible"] and r["primal_gap"] is not None and 0 <= r["primal_integral"] <= 1
+    assert doc2["result"]["history"][0]["source"] == str(sol)
+
+
+def test_cli_series_jsonl(run_cli, tmp_path, obj_series):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    r = CliRunner().invoke(cli, ["reopt", "-q", "series", obj_series["test_file"], "--jsonl", "--time-limit", "1",
+                                 "--first", "3", "--method", "all"], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 3  # instances 3 and 4, then the envelope
+    assert lines[0]["type"] == "instance" and lines[0]["index"] == 3
+    for rec in lines[:2]:
+        assert {x["method"] for x in rec["results"]} == {"vpor", "scip", "warm", "reopt"}
+        for x in rec["results"]:
+            assert x["feasible"] is True and x["primal_gap"] is not None and x["primal_gap"] >= 0
+        assert min(x["primal_gap"] for x in rec["results"]) == 0.0  # the reference is the best found
+    summ = lines[2]["result"]["summary"]
+    assert summ["methods"]["vpor"]["n"] == 2 and "scip/vpor" in summ["ratios"]
+
+
+def _one_error_line(res):
+    assert "Traceback" not in res.stderr
+    errs = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errs) == 1, res.stderr
+    return errs[0]
+
+
+def test_cli_bad_input(run_cli, tmp_path, obj_series):
+    inst = obj_series["instances"]
+    txt = tmp_path / "model.txt"
+    txt.write_text("x")
+    res, _ = run_cli(["reopt", "-q", "solve", str(txt)], expect_code=2)
+    assert "unsupported" in _one_error_line(res)
+    bad = tmp_path / "garbage.mps"
+    bad.write_text("this is not MPS\n1 2 3\n")
+    res, _ = run_cli(["reopt", "-q", "solve", str(bad), "--time-limit", "1"], expect_code=2)
+    assert "garbage.mps" in _one_error_line(res)
+    res, _ = run_cli(["reopt", "-q", "solve", str(tmp_path / "missing.mps")], expect_code=2)
+    assert "no such file" in _one_error_line(res)
+    other = _write(tmp_path, "other.mps", _packing(5, 2))
+    res, _ = run_cli(["reopt", "-q", "solve", inst[1], "--history", str(other), "--time-limit", "1"], expect_code=2)
+    assert "different variable names" in _one_error_line(res)
+    for t in ("0", "-3"):
+        res, _ = run_cli(["reopt", "-q", "solve", inst[1], "--time-limit", t], expect_code=2)
+        assert "Traceback" not in res.stderr and "time-limit" in res.stderr
+    with pytest.raises(BadInputError):
+        SolveConfig(time_limit=0).validate()
+    res, _ = run_cli(["reopt", "-q", "bench", "--modes", "rhs,foo"], expect_code=2)
+    assert "foo" in res.stderr
