@@ -11,5 +11,5 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # registry:negmerge
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     # registry:reopt
-    # registry:goskill
+    "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
 }

@@ -23,7 +23,7 @@ FAST_ARGS = {
     # fast-args:negmerge
     "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
     # fast-args:reopt
-    # fast-args:goskill
+    "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "4", "--max-steps", "20", "-H", "5", "--extract-iters", "10", "--enhance-iters", "5", "--policy-iters", "5", "--bc-iters", "5", "--eval-episodes", "1"],
 }
 
 

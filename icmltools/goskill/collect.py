@@ -1,0 +1,111 @@
+"""Offline data without downloads: scripted experts behind a random-to-expert quality ramp.
+
+Episode i of n for a task has quality q_i = i / (n - 1). Below expert quality the behaviour policy starts
+held random actions (a uniform action kept for 5-15 steps) with probability 0.1 (1 - q)^2 per step and
+otherwise adds Gaussian noise of std 0.02 + 0.4 (1 - q) to the expert action, so returns climb from
+random to expert like a SAC replay buffer. Near-optimal = all episodes, sub-optimal = the first half
+(the paper's split rule for replay buffers). Episodes are written in the official layout
+`<dir>/<task>/<i>.npz` with `observations`, `next_observations`, `actions`, `rewards`, `terminals`,
+`successes`.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from icmltools.core.jsonio import atomic_path
+
+from .tasks import backend_for
+
+log = logging.getLogger(__name__)
+
+HOLD = (5, 15)
+P_RANDOM = 0.1
+SIGMA = (0.02, 0.4)
+
+
+def ramp_episode(backend, env, expert, quality: float, max_steps: int, rng: np.random.Generator) -> dict:
+    """Roll one behaviour episode at `quality` in [0, 1] (1 = expert with small noise)."""
+    obs = backend.reset(env)
+    act_dim = backend.act_dim
+    O, NO, A, R, S = [], [], [], [], []
+    hold_left, held = 0, None
+    sigma = SIGMA[0] + SIGMA[1] * (1.0 - quality)
+    for _ in range(max_steps):
+        if hold_left == 0 and rng.random() < P_RANDOM * (1.0 - quality) ** 2:
+            hold_left = int(rng.integers(HOLD[0], HOLD[1] + 1))
+            held = rng.uniform(-1.0, 1.0, size=act_dim)
+        if hold_left > 0:
+            a = held
+            hold_left -= 1
+        else:
+            a = expert(obs) + rng.normal(0.0, sigma, size=act_dim)
+        a = np.clip(a, -1.0, 1.0).astype(np.float32)
+        nobs, r, succ = backend.step(env, a)
+        O.append(obs)
+        NO.append(nobs)
+        A.append(a)
+        R.append(r)
+        S.append(succ)
+        obs = nobs
+    T = len(A)
+    return {"observations": np.asarray(O, np.float32), "next_observations": np.asarray(NO, np.float32),
+            "actions": np.asarray(A, np.float32), "rewards": np.asarray(R, np.float32),
+            "terminals": np.zeros(T, np.float32), "successes": np.asarray(S, np.float32)}
+
+
+def save_episode(path: Path, ep: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **ep)
+
+
+def _collect_task(args) -> dict:
+    task, task_index, n_episodes, max_steps, seed, out_dir, backend_name = args
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from .tasks import MetaWorldBackend, ToyBackend
+
+    backend = ToyBackend() if backend_name == "toy" else MetaWorldBackend()
+    rng = np.random.default_rng([seed, task_index, 17])
+    env = backend.make(task, seed=int(rng.integers(2**31 - 1)))
+    expert = backend.expert(task)
+    returns, succ = [], []
+    for i in range(n_episodes):
+        q = i / max(n_episodes - 1, 1)
+        ep = ramp_episode(backend, env, expert, q, max_steps, rng)
+        save_episode(Path(out_dir) / task / f"{i}.npz", ep)
+        returns.append(float(ep["rewards"].sum()))
+        succ.append(float(ep["successes"].max()))
+    return {"task": task, "returns": returns, "success": succ}
+
+
+def collect(tasks: list[str], out_dir: str | Path, *, episodes: int, max_steps: int, seed: int,
+            workers: int = 1, progress=None) -> dict:
+    """Collect `episodes` ramp episodes of `max_steps` for each task into `out_dir/<task>/<i>.npz`."""
+    backend = backend_for(tasks)
+    jobs = [(t, k, episodes, max_steps, seed, str(out_dir), backend.name) for k, t in enumerate(tasks)]
+    results = []
+    if workers <= 1:
+        for k, job in enumerate(jobs):
+            results.append(_collect_task(job))
+            if progress:
+                progress("collect", k + 1, len(jobs))
+    else:
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as ex:
+            for k, r in enumerate(ex.map(_collect_task, jobs)):
+                results.append(r)
+                if progress:
+                    progress("collect", k + 1, len(jobs))
+    per_task = {r["task"]: {"mean_return": float(np.mean(r["returns"])), "max_return": float(np.max(r["returns"])),
+                            "success_rate": float(np.mean(r["success"])),
+                            "expert_half_success": float(np.mean(r["success"][len(r["success"]) // 2:]))}
+                for r in results}
+    log.info("collected %d tasks x %d episodes", len(tasks), episodes)
+    return {"episodes_per_task": episodes, "max_steps": max_steps, "per_task": per_task}

@@ -1,0 +1,210 @@
+"""The offline dataset: reading the official `<task>/<i>.npz` layout, normalisation, goal windows, samplers."""
+from __future__ import annotations
+
+import re
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from icmltools.core.errors import BadInputError
+
+
+def load_task_dir(task_dir: Path) -> list[dict]:
+    """Episodes of one task folder, in the integer order of their file names (`0.npz`, `1.npz`, ...)."""
+    files = [p for p in task_dir.iterdir() if p.suffix == ".npz" and re.fullmatch(r"\d+", p.stem)]
+    files.sort(key=lambda p: int(p.stem))
+    eps = []
+    for p in files:
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                ep = {k: np.asarray(z[k]) for k in z.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise BadInputError(f"{p}: not a readable .npz episode ({e})") from None
+        eps.append(_check_episode(p, ep))
+    return eps
+
+
+def _check_episode(p, ep: dict) -> dict:
+    for k in ("observations", "actions", "rewards"):
+        if k not in ep:
+            raise BadInputError(f"{p}: missing array {k!r} (need observations, actions, rewards)")
+    o, a, r = ep["observations"], ep["actions"], ep["rewards"]
+    if o.ndim != 2 or a.ndim != 2:
+        raise BadInputError(f"{p}: observations {o.shape} and actions {a.shape} must be 2-D (T, dim)")
+    r = r.reshape(-1) if r.ndim == 2 and r.shape[1] == 1 else r
+    if r.ndim != 1 or not (len(o) == len(a) == len(r)) or len(o) < 1:
+        raise BadInputError(f"{p}: observations {o.shape}, actions {a.shape}, rewards {r.shape} "
+                            "must share the episode length T >= 1")
+    no = ep.get("next_observations")
+    if no is None:
+        no = np.concatenate([o[1:], o[-1:]], axis=0)
+    elif no.shape != o.shape:
+        raise BadInputError(f"{p}: next_observations {no.shape} differs from observations {o.shape}")
+    out = {"observations": o.astype(np.float32), "next_observations": no.astype(np.float32),
+           "actions": a.astype(np.float32), "rewards": r.astype(np.float32)}
+    if "successes" in ep and ep["successes"].reshape(-1).shape[0] == len(o):
+        out["successes"] = ep["successes"].reshape(-1).astype(np.float32)
+    for k, v in out.items():
+        if not np.all(np.isfinite(v)):
+            raise BadInputError(f"{p}: {k} has non-finite values")
+    return out
+
+
+def load_dataset_dir(root: str | Path, tasks: list[str] | None = None) -> tuple[list[str], list[list[dict]]]:
+    """Read `<root>/<task>/<i>.npz` for the given tasks (default: every sub-folder holding episodes)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInputError(f"--data {root}: not a directory")
+    if tasks is None:
+        tasks = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.npz")))
+        if not tasks:
+            raise BadInputError(f"--data {root}: no <task>/<i>.npz episodes found")
+    episodes = []
+    for t in tasks:
+        d = root / t
+        if not d.is_dir():
+            raise BadInputError(f"--data {root}: no folder for task {t!r}")
+        eps = load_task_dir(d)
+        if not eps:
+            raise BadInputError(f"--data {d}: no <i>.npz episodes")
+        episodes.append(eps)
+    dims = {(e["observations"].shape[1], e["actions"].shape[1]) for eps in episodes for e in eps}
+    if len(dims) != 1:
+        raise BadInputError(f"--data {root}: episodes disagree on (obs_dim, act_dim): {sorted(dims)}")
+    return list(tasks), episodes
+
+
+def split_episodes(episodes: list[list[dict]], split: str) -> list[list[dict]]:
+    """near = all episodes; sub = the first half of each task's episodes (the paper's replay split)."""
+    if split == "near":
+        return episodes
+    if split == "sub":
+        return [eps[: max(1, len(eps) // 2)] for eps in episodes]
+    raise BadInputError(f"--split {split!r}: use near or sub")
+
+
+def goal_end_index(t: np.ndarray, ep_end: np.ndarray, H: int) -> np.ndarray:
+    """Index j such that the goal of the window starting at t is next_obs[j] - obs[t]: j = t + H - 1,
+    clipped to the last step of the episode (so g_t = s_{t+H} - s_t, or s_T - s_t near the end)."""
+    return np.minimum(np.asarray(t) + H - 1, np.asarray(ep_end) - 1)
+
+
+@dataclass
+class FlatData:
+    """All episodes concatenated (normalised states), with per-step indices for fast batching."""
+
+    tasks: list[str]
+    obs: np.ndarray          # (N, ds) normalised
+    next_obs: np.ndarray     # (N, ds) normalised
+    actions: np.ndarray      # (N, da)
+    rewards: np.ndarray      # (N,)
+    rtg: np.ndarray          # (N,) undiscounted return-to-go (raw)
+    task_id: np.ndarray      # (N,)
+    ep_start: np.ndarray     # (N,) start index of the step's episode
+    ep_end: np.ndarray       # (N,) one past the end
+    timestep: np.ndarray     # (N,) step within the episode
+    mean: np.ndarray
+    std: np.ndarray
+    episodes: list[tuple[int, int, int]] = field(default_factory=list)  # (task_id, start, end)
+    ep_return: np.ndarray = None
+
+    @property
+    def n(self) -> int:
+        return len(self.obs)
+
+    def normalize(self, s: np.ndarray) -> np.ndarray:
+        return ((s - self.mean) / self.std).astype(np.float32)
+
+    def task_max_return(self) -> np.ndarray:
+        out = np.zeros(len(self.tasks))
+        for (k, _, _), R in zip(self.episodes, self.ep_return):
+            out[k] = max(out[k], R) if out[k] else R
+        return out
+
+
+def flatten(tasks: list[str], episodes: list[list[dict]], mean=None, std=None) -> FlatData:
+    """Concatenate episodes; states normalised with one global mean/std (as the official code does)."""
+    obs = np.concatenate([e["observations"] for eps in episodes for e in eps])
+    if mean is None:
+        mean, std = obs.mean(0), obs.std(0) + 1e-6
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    parts = {k: [] for k in ("no", "a", "r", "rtg", "tid", "s", "e", "ts")}
+    eps_idx, rets, pos = [], [], 0
+    for k, eps in enumerate(episodes):
+        for e in eps:
+            T = len(e["rewards"])
+            parts["no"].append(e["next_observations"])
+            parts["a"].append(e["actions"])
+            parts["r"].append(e["rewards"])
+            parts["rtg"].append(np.cumsum(e["rewards"][::-1])[::-1])
+            parts["tid"].append(np.full(T, k))
+            parts["s"].append(np.full(T, pos))
+            parts["e"].append(np.full(T, pos + T))
+            parts["ts"].append(np.arange(T))
+            eps_idx.append((k, pos, pos + T))
+            rets.append(float(e["rewards"].sum()))
+            pos += T
+    cat = {k: np.concatenate(v) for k, v in parts.items()}
+    return FlatData(tasks=list(tasks), obs=((obs - mean) / std).astype(np.float32),
+                    next_obs=((cat["no"] - mean) / std).astype(np.float32), actions=cat["a"].astype(np.float32),
+                    rewards=cat["r"].astype(np.float32), rtg=cat["rtg"].astype(np.float32),
+                    task_id=cat["tid"].astype(np.int64), ep_start=cat["s"].astype(np.int64),
+                    ep_end=cat["e"].astype(np.int64), timestep=cat["ts"].astype(np.int64), mean=mean, std=std,
+                    episodes=eps_idx, ep_return=np.asarray(rets))
+
+
+def goals(fd: FlatData, idx: np.ndarray, H: int) -> np.ndarray:
+    """g_t = norm(s_{t+H}) - norm(s_t) for windows starting at `idx` (clipped at the episode end)."""
+    j = goal_end_index(idx, fd.ep_end[idx], H)
+    return fd.next_obs[j] - fd.obs[idx]
+
+
+def windows(fd: FlatData, idx: np.ndarray, H: int):
+    """In-skill windows starting at `idx`: states (B,H,ds), actions (B,H,da), mask (B,H) (0 past the end)."""
+    k = np.arange(H)[None, :]
+    pos = idx[:, None] + k
+    mask = pos < fd.ep_end[idx][:, None]
+    pos = np.where(mask, pos, idx[:, None])
+    s = np.where(mask[..., None], fd.obs[pos], 0.0).astype(np.float32)
+    a = np.where(mask[..., None], fd.actions[pos], 0.0).astype(np.float32)
+    return s, a, mask.astype(np.float32)
+
+
+def balanced_indices(codes: np.ndarray, per_code: int, rng: np.random.Generator) -> np.ndarray:
+    """Class-balanced batch (Sec. 4.2): `per_code` window starts for every used code, uniformly within it."""
+    out = []
+    for c in np.unique(codes):
+        members = np.flatnonzero(codes == c)
+        out.append(rng.choice(members, size=per_code, replace=True))
+    return np.concatenate(out)
+
+
+def skill_sequences(fd: FlatData, codes: np.ndarray, ends: np.ndarray, L: int, H: int, rtg_scale: float):
+    """High-level training sequences: L skill steps with stride H ending at step `ends`, left-padded.
+
+    Returns states (B,L,ds), codes (B,L), rtg (B,L,1) scaled, timesteps (B,L), mask (B,L)."""
+    offs = (np.arange(L) - (L - 1)) * H  # ..., -2H, -H, 0
+    pos = ends[:, None] + offs[None, :]
+    mask = pos >= fd.ep_start[ends][:, None]
+    pos = np.where(mask, pos, ends[:, None])
+    s = np.where(mask[..., None], fd.obs[pos], 0.0).astype(np.float32)
+    c = np.where(mask, codes[pos], 0).astype(np.int64)
+    r = np.where(mask, fd.rtg[pos] / rtg_scale, 0.0).astype(np.float32)[..., None]
+    ts = np.where(mask, fd.timestep[pos], 0).astype(np.int64)
+    return s, c, r, ts, mask.astype(np.float32)
+
+
+def prompt_sequence(fd: FlatData, codes: np.ndarray, ep: tuple[int, int, int], start: int, P: int, H: int,
+                    rtg_scale: float):
+    """A trajectory prompt: P skill steps (stride H) of episode `ep` from step `start` (right-padded)."""
+    _, b, e = ep
+    pos = b + start + np.arange(P) * H
+    mask = pos < e
+    pos = np.where(mask, pos, b)
+    s = np.where(mask[:, None], fd.obs[pos], 0.0).astype(np.float32)
+    c = np.where(mask, codes[pos], 0).astype(np.int64)
+    r = np.where(mask, fd.rtg[pos] / rtg_scale, 0.0).astype(np.float32)[:, None]
+    ts = np.where(mask, fd.timestep[pos], 0).astype(np.int64)
+    return s, c, r, ts, mask.astype(np.float32)

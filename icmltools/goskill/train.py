@@ -1,0 +1,196 @@
+"""Training loops: skill extraction (phase 1), relabelling, class-balanced enhancement, high level, baselines.
+
+Optimiser everywhere: AdamW (lr 3e-4, weight decay 1e-4), linear warm-up, gradient clipping at 1.0.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import data as D
+from .models import BCPolicy, HighLevelPolicy, SkillModel
+
+log = logging.getLogger(__name__)
+
+
+def _opt(params, cfg, iters):
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    warm = max(1, min(cfg.warmup, iters // 5 if iters else 1))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warm))
+    return opt, sched
+
+
+def _step(loss, opt, sched, params, clip):
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, clip)
+    opt.step()
+    sched.step()
+
+
+def _t(x, device, dtype=None):
+    t = torch.from_numpy(np.ascontiguousarray(x)).to(device)
+    return t.to(dtype) if dtype is not None else t
+
+
+def _masked_mse(pred, target, mask):
+    se = ((pred - target) ** 2).mean(-1)
+    return (se * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+def extract_skills(model: SkillModel, fd: D.FlatData, cfg, rng: np.random.Generator, device, progress=None,
+                   generator: torch.Generator | None = None) -> dict:
+    """Phase 1 (Sec. 4.1): action MSE over the in-skill window + VQ commitment; EMA codebook, k-means init."""
+    model.to(device).train()
+    model.vq.generator = generator
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt, sched = _opt(params, cfg, cfg.extract_iters)
+    losses = []
+    for it in range(cfg.extract_iters):
+        idx = rng.integers(0, fd.n, size=cfg.extract_batch)
+        s, a, m = D.windows(fd, idx, cfg.H)
+        g = D.goals(fd, idx, cfg.H)
+        s, a, m, g = _t(s, device), _t(a, device), _t(m, device), _t(g, device)
+        pred, _, vq_loss = model(s, g, a)
+        loss = _masked_mse(pred, a, m) + vq_loss
+        _step(loss, opt, sched, params, cfg.grad_clip)
+        losses.append(loss.item())
+        if progress and (it % 50 == 0 or it == cfg.extract_iters - 1):
+            progress("extract", it + 1, cfg.extract_iters)
+    return {"iters": cfg.extract_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+
+
+@torch.no_grad()
+def relabel(model: SkillModel, fd: D.FlatData, H: int, device, batch: int = 8192) -> np.ndarray:
+    """Nearest code of g_t for every timestep t (the skill label of the window starting at t)."""
+    model.to(device).eval()
+    out = np.empty(fd.n, dtype=np.int64)
+    for b in range(0, fd.n, batch):
+        idx = np.arange(b, min(b + batch, fd.n))
+        out[idx] = model.codes_of(_t(D.goals(fd, idx, H), device)).cpu().numpy()
+    return out
+
+
+def action_mse(model: SkillModel, fd: D.FlatData, codes: np.ndarray, H: int, device, n: int = 2048,
+               seed: int = 0) -> dict:
+    """Held-out style diagnostic: action MSE of the decoder on random windows, overall and per code."""
+    model.to(device).eval()
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, fd.n, size=min(n, fd.n))
+    s, a, m = D.windows(fd, idx, H)
+    with torch.no_grad():
+        pred, _, _ = model(_t(s, device), _t(D.goals(fd, idx, H), device), _t(a, device), freeze=True)
+        se = (((pred.cpu().numpy() - a) ** 2).mean(-1) * m).sum(1) / np.maximum(m.sum(1), 1)
+    per = {int(c): float(se[codes[idx] == c].mean()) for c in np.unique(codes[idx])}
+    return {"mse": float(se.mean()), "per_code": per}
+
+
+def enhance(model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, rng: np.random.Generator, device,
+            progress=None) -> dict:
+    """Skill enhancement (Sec. 4.2): fine-tune the decoder only, encoder and codebook frozen, on class-balanced
+    batches (the same number of windows for every used code)."""
+    model.to(device).train()
+    for p in model.encoder.parameters():
+        p.requires_grad_(False)
+    params = list(model.decoder.parameters())
+    opt, sched = _opt(params, cfg, cfg.enhance_iters)
+    losses = []
+    try:
+        for it in range(cfg.enhance_iters):
+            idx = D.balanced_indices(codes, cfg.enhance_per_code, rng)
+            s, a, m = D.windows(fd, idx, cfg.H)
+            s, a, m = _t(s, device), _t(a, device), _t(m, device)
+            enc = model.state_changes(s).detach()
+            q = model.vq.lookup(_t(codes[idx], device))
+            pred = model.decoder(q, enc, s, a)
+            loss = _masked_mse(pred, a, m)
+            _step(loss, opt, sched, params, cfg.grad_clip)
+            losses.append(loss.item())
+            if progress and (it % 50 == 0 or it == cfg.enhance_iters - 1):
+                progress("enhance", it + 1, cfg.enhance_iters)
+    finally:
+        for p in model.encoder.parameters():
+            p.requires_grad_(True)
+    return {"iters": cfg.enhance_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+
+
+class PromptPool:
+    """Trajectory prompts: the `prompt_pool` highest-return episodes of each task."""
+
+    def __init__(self, fd: D.FlatData, k: int):
+        self.by_task = {}
+        for tid in range(len(fd.tasks)):
+            eps = [(R, e) for e, R in zip(fd.episodes, fd.ep_return) if e[0] == tid]
+            eps.sort(key=lambda x: -x[0])
+            self.by_task[tid] = [e for _, e in eps[:max(1, k)]]
+
+    def sample(self, fd, codes, task_ids, cfg, rng):
+        out = []
+        for tid in task_ids:
+            pool = self.by_task[int(tid)]
+            ep = pool[int(rng.integers(len(pool)))]
+            T = ep[2] - ep[1]
+            start = int(rng.integers(0, max(1, T - (cfg.prompt_len - 1) * cfg.H)))
+            out.append(D.prompt_sequence(fd, codes, ep, start, cfg.prompt_len, cfg.H, cfg.scale))
+        return [np.stack(x) for x in zip(*out)]
+
+
+def train_high_level(hl: HighLevelPolicy, model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg,
+                     rng: np.random.Generator, device, progress=None) -> dict:
+    """Return-conditioned high-level policy (Sec. 4.3): cross-entropy over codes at every skill step; skill
+    steps are H apart starting anywhere (the official `augment` sampling), context `cfg.context`."""
+    hl.to(device).train()
+    model.to(device).eval()
+    pool = PromptPool(fd, cfg.prompt_pool)
+    params = list(hl.parameters())
+    opt, sched = _opt(params, cfg, cfg.policy_iters)
+    losses, accs = [], []
+    for it in range(cfg.policy_iters):
+        ends = rng.integers(0, fd.n, size=cfg.policy_batch)
+        s, c, r, ts, m = D.skill_sequences(fd, codes, ends, cfg.context, cfg.H, cfg.scale)
+        tid = fd.task_id[ends]
+        ct = _t(c, device)
+        zv = model.vq.lookup(ct).detach() * _t(m, device)[..., None]
+        prompt = None
+        if cfg.conditioning == "prompt":
+            ps, pc, pr, pts, pm = pool.sample(fd, codes, tid, cfg, rng)
+            pz = model.vq.lookup(_t(pc, device)).detach() * _t(pm, device)[..., None]
+            prompt = (_t(ps, device), pz, _t(pr, device), _t(pts, device), _t(pm, device))
+        mt = _t(m, device)
+        logits = hl(_t(s, device), zv, _t(r, device), _t(ts, device), mt, prompt=prompt, task=_t(tid, device))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ct.reshape(-1), reduction="none")
+        loss = (ce * mt.reshape(-1)).sum() / mt.sum()
+        _step(loss, opt, sched, params, cfg.grad_clip)
+        losses.append(loss.item())
+        with torch.no_grad():
+            accs.append(float(((logits.argmax(-1) == ct).float() * mt).sum() / mt.sum()))
+        if progress and (it % 50 == 0 or it == cfg.policy_iters - 1):
+            progress("policy", it + 1, cfg.policy_iters)
+    return {"iters": cfg.policy_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:]),
+            "code_accuracy_last": _mean(accs[-50:])}
+
+
+def train_bc(policy: BCPolicy, fd: D.FlatData, cfg, rng: np.random.Generator, device, progress=None,
+             name: str = "mtbc") -> dict:
+    """MT-BC (state + task id) or MT-BC-RTG (also the scaled return-to-go): action MSE."""
+    policy.to(device).train()
+    params = list(policy.parameters())
+    opt, sched = _opt(params, cfg, cfg.bc_iters)
+    losses = []
+    for it in range(cfg.bc_iters):
+        idx = rng.integers(0, fd.n, size=cfg.bc_batch)
+        s, a = _t(fd.obs[idx], device), _t(fd.actions[idx], device)
+        rtg = _t(fd.rtg[idx] / cfg.scale, device)
+        loss = F.mse_loss(policy(s, _t(fd.task_id[idx], device), rtg), a)
+        _step(loss, opt, sched, params, cfg.grad_clip)
+        losses.append(loss.item())
+        if progress and (it % 100 == 0 or it == cfg.bc_iters - 1):
+            progress(name, it + 1, cfg.bc_iters)
+    return {"iters": cfg.bc_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+
+
+def _mean(x):
+    return float(np.mean(x)) if len(x) else float("nan")

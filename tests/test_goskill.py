@@ -1,0 +1,222 @@
+"""GO-Skill: goal indexing, VQ, balanced sampling, hierarchical rollout (toy env), MetaWorld smoke, CLI."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from icmltools.goskill import data as D
+from icmltools.goskill.config import make_config
+from icmltools.goskill.vq import VectorQuantizer
+
+torch.set_num_threads(1)
+
+TOY = "toy-a,toy-b,toy-c,toy-d"
+TINY = ["--episodes", "4", "--max-steps", "20", "-H", "5", "--extract-iters", "20", "--enhance-iters", "5",
+        "--policy-iters", "10", "--bc-iters", "10", "--eval-episodes", "1"]
+
+
+def _episode(T, ds=3, da=2, offset=0.0):
+    o = (np.arange(T)[:, None] * np.ones((1, ds)) + offset).astype(np.float32)
+    return {"observations": o, "next_observations": o + 1, "actions": np.zeros((T, da), np.float32),
+            "rewards": np.ones(T, np.float32)}
+
+
+def test_goal_indexing_and_end_clipping():
+    fd = D.flatten(["a"], [[_episode(7), _episode(4, offset=100.0)]], mean=np.zeros(3), std=np.ones(3))
+    H = 3
+    idx = np.arange(fd.n)
+    j = D.goal_end_index(idx, fd.ep_end[idx], H)
+    # episode 1 spans 0..6: window t ends at next_obs[min(t+2, 6)]; episode 2 spans 7..10
+    assert j.tolist() == [2, 3, 4, 5, 6, 6, 6, 9, 10, 10, 10]
+    g = D.goals(fd, idx, H)[:, 0]
+    # g_t = s_{t+H} - s_t = H inside an episode; clipped near the end (s_T - s_t)
+    assert g.tolist() == [3, 3, 3, 3, 3, 2, 1, 3, 3, 2, 1]
+    s, a, m = D.windows(fd, np.array([5, 9]), H)
+    assert m.tolist() == [[1, 1, 0], [1, 1, 0]]
+    assert s[0, :2, 0].tolist() == [5, 6] and s[0, 2].tolist() == [0, 0, 0]
+    # return-to-go and in-episode timesteps
+    assert fd.rtg[:7].tolist() == [7, 6, 5, 4, 3, 2, 1] and fd.timestep[7:].tolist() == [0, 1, 2, 3]
+
+
+def test_skill_sequences_left_pad_and_prompt():
+    fd = D.flatten(["a"], [[_episode(25)]], mean=np.zeros(3), std=np.ones(3))
+    codes = np.arange(fd.n) % 16
+    s, c, r, ts, m = D.skill_sequences(fd, codes, np.array([12]), L=4, H=5, rtg_scale=1.0)
+    assert m.tolist() == [[0, 1, 1, 1]] and ts.tolist() == [[0, 2, 7, 12]]
+    assert c[0, 1:].tolist() == [2, 7, 12] and r[0, 1:, 0].tolist() == [23, 18, 13]
+    ps, pc, pr, pts, pm = D.prompt_sequence(fd, codes, fd.episodes[0], 15, P=3, H=5, rtg_scale=1.0)
+    assert pm.tolist() == [1, 1, 0] and pts.tolist() == [15, 20, 0]
+
+
+def test_vq_kmeans_init_nearest_ema_and_straight_through():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[3.0, 0.0], [-3.0, 0.0], [0.0, 3.0]])
+    z = (centres[torch.arange(300) % 3] + 0.1 * torch.randn(300, 2, generator=g)).requires_grad_(True)
+    vq = VectorQuantizer(n_codes=3, dim=2, decay=0.8, commitment=1.0, kmeans_init=True)
+    vq.generator = torch.Generator().manual_seed(1)
+    vq.train()
+    q, idx, loss = vq(z)
+    # k-means init finds the three clusters: each code sits within 0.1 of one centre, one code per cluster
+    d = torch.cdist(vq.codebook, centres)
+    assert d.min(1).values.max() < 0.1 and len(set(d.argmin(1).tolist())) == 3
+    assert len(set(idx.tolist())) == 3 and float(loss.detach()) >= 0
+    assert torch.allclose(loss, ((z - q.detach()) ** 2).mean())
+    # straight-through: the quantised output carries an identity gradient to z
+    q.sum().backward()
+    assert torch.allclose(z.grad, torch.ones_like(z))
+    # nearest code on a hand-made codebook
+    vq2 = VectorQuantizer(n_codes=2, dim=2, kmeans_init=False)
+    vq2.codebook.copy_(torch.tensor([[0.0, 0.0], [1.0, 1.0]]))
+    assert vq2.nearest(torch.tensor([[0.2, 0.1], [0.9, 0.7], [0.6, 0.6]])).tolist() == [0, 1, 1]
+    # EMA update: counts and sums decay by 0.8; the code moves toward its assigned encodings
+    vq3 = VectorQuantizer(n_codes=2, dim=2, decay=0.8, kmeans_init=False)
+    vq3.codebook.copy_(torch.tensor([[0.0, 0.0], [5.0, 5.0]]))
+    vq3.embed_avg.copy_(vq3.codebook)
+    vq3.cluster_size.fill_(1.0)
+    x = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
+    vq3.train()
+    vq3(x)
+    assert torch.allclose(vq3.cluster_size, torch.tensor([0.8 + 0.2 * 2, 0.8]))
+    assert torch.allclose(vq3.embed_avg[0], torch.tensor([0.4, 0.4]))
+    assert 0.0 < float(vq3.codebook[0, 0]) < 1.0 and torch.allclose(vq3.codebook[1], torch.tensor([5.0, 5.0]), atol=1e-3)
+    # frozen / eval: no update, zero commitment
+    before = vq3.codebook.clone()
+    vq3.eval()
+    _, _, l0 = vq3(x)
+    assert torch.equal(before, vq3.codebook) and float(l0) == 0.0
+
+
+def test_balanced_sampler_equal_counts_per_used_code():
+    rng = np.random.default_rng(0)
+    codes = np.array([0] * 500 + [3] * 20 + [7] * 3 + [9] * 1)
+    idx = D.balanced_indices(codes, 6, rng)
+    counts = np.bincount(codes[idx], minlength=16)
+    assert counts[[0, 3, 7, 9]].tolist() == [6, 6, 6, 6] and counts.sum() == 24
+
+
+def _toy_run(tmp_path, **kw):
+    from icmltools.goskill.pipeline import Run
+
+    base = dict(tasks=TOY, episodes=6, max_steps=20, H=5, enc_hidden=32, dec_hidden=32, hl_hidden=32,
+                vq_dim=8, n_codes=8, context=4, prompt_len=2, extract_batch=32, policy_batch=8,
+                extract_iters=60, enhance_iters=5, policy_iters=10, bc_iters=10, eval_episodes=2)
+    cfg = make_config("quick", **{**base, **kw})
+    return Run.create(tmp_path / "run", cfg, seed=0)
+
+
+def test_relabel_shapes_and_hierarchical_rollout_on_toy_env(tmp_path):
+    from icmltools.goskill import train as TR
+    from icmltools.goskill.evaluate import GoSkillAgent, evaluate
+    from icmltools.goskill.pipeline import _prompts, run_pipeline
+    from icmltools.goskill.tasks import ToyBackend
+
+    run = _toy_run(tmp_path)
+    res = run_pipeline(run, ["collect", "extract"], "cpu")
+    assert res["codes_used"] >= 2
+    st = run.stage_stats()["extract"]
+    assert st["loss_last"] < st["loss_first"]  # phase-1 loss decreases
+    fd, cfg = run.flat(), run.cfg
+    skill = run.load("skill", run.new_skill(), "cpu", "extract")
+    codes = TR.relabel(skill, fd, cfg.H, "cpu")
+    assert codes.shape == (fd.n,) and codes.dtype == np.int64 and codes.max() < cfg.n_codes
+    hl = run.new_high_level()
+    agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, fd.task_max_return(), _prompts(run, skill, codes, np.random.default_rng(0)),
+                         "cpu", fd.actions.shape[1])
+    calls = []
+    orig = agent.act
+
+    def spy(obs, t):
+        a = orig(obs, t)
+        calls.append(a)
+        return a
+
+    agent.act = spy
+    out = evaluate(agent, ToyBackend(), fd.tasks, episodes=2, max_steps=12, seed=0, envs_per_task=2)
+    # 4 tasks x 2 envs in one round of 12 steps: the high level decides at t = 0, 5, 10
+    assert agent.decisions == 3 and len(calls) == 12
+    assert all(a.shape == (8, 2) and np.all(np.abs(a) <= 1) for a in calls)
+    assert set(out["per_task"]) == set(fd.tasks) and all(v["episodes"] == 2 for v in out["per_task"].values())
+    assert 0.0 <= out["success"] <= 1.0
+
+
+def test_mtbc_learns_toy_tasks(tmp_path):
+    """Effect size on a fixed seed: MT-BC trained on ramp data beats the untrained network on the toy env."""
+    from icmltools.goskill.pipeline import run_pipeline
+
+    run = _toy_run(tmp_path, bc_iters=300)
+    run_pipeline(run, ["collect"], "cpu")
+    untrained = run.new_bc(rtg=False)
+    run.save("mtbc", untrained)
+    before = run_pipeline(run, ["evaluate"], "cpu", methods=("mtbc",))["methods"][0]["success"]
+    after = run_pipeline(run, ["baselines", "evaluate"], "cpu", methods=("mtbc",))["methods"][0]["success"]
+    assert after >= before + 0.5, (before, after)
+
+
+def test_metaworld_smoke_reach_v3(tmp_path):
+    from icmltools.goskill.collect import collect
+    from icmltools.goskill.data import load_dataset_dir
+
+    summary = collect(["reach-v3"], tmp_path / "d", episodes=2, max_steps=8, seed=0)
+    tasks, eps = load_dataset_dir(tmp_path / "d")
+    assert tasks == ["reach-v3"] and len(eps[0]) == 2
+    e = eps[0][1]
+    assert e["observations"].shape == (8, 39) and e["observations"].dtype == np.float32
+    assert e["actions"].shape == (8, 4) and np.all(np.abs(e["actions"]) <= 1)
+    assert np.allclose(e["next_observations"][:-1], e["observations"][1:])
+    assert summary["per_task"]["reach-v3"]["mean_return"] > 0
+
+
+def test_cli_toy_end_to_end_and_stage_by_stage(run_cli, tmp_path):
+    out = tmp_path / "r"
+    res, doc = run_cli(["goskill", "-q", "--tasks", TOY, "--out", str(out), "--stages", "collect", *TINY])
+    assert doc["result"]["stages_run"] == ["collect"] and (out / "data" / "toy-a" / "0.npz").exists()
+    res, doc = run_cli(["goskill", "-q", "--run-dir", str(out), "--methods", "goskill,mtbc,mtbc_rtg"])
+    r = doc["result"]
+    assert r["stages_run"] == ["extract", "enhance", "policy", "baselines", "evaluate"]
+    assert [m["method"] for m in r["methods"]] == ["goskill", "mtbc", "mtbc_rtg"]
+    for m in r["methods"]:
+        assert 0 <= m["success"] <= 1 and set(m["per_task"]) == set(TOY.split(","))
+    assert len(r["code_usage"]) == 16 and sum(r["code_usage"]) == r["data"]["steps"]
+    assert json.loads((out / "result.json").read_text())["methods"][0]["method"] == "goskill"
+    for f in ("config.json", "stages.json", "checkpoints/skill.safetensors", "checkpoints/high_level.safetensors"):
+        assert (out / f).exists(), f
+    assert doc["device"] and doc["seed"] == 0 and "extract" in doc["timing"]
+
+
+def test_user_dataset_official_layout(run_cli, tmp_path):
+    from icmltools.goskill.collect import collect
+
+    collect(["toy-a", "toy-b"], tmp_path / "data", episodes=4, max_steps=15, seed=1)
+    res, doc = run_cli(["goskill", "-q", "--data", str(tmp_path / "data"), "--split", "sub", "--out",
+                        str(tmp_path / "r"), "--methods", "mtbc", *TINY])
+    r = doc["result"]
+    assert r["tasks"] == ["toy-a", "toy-b"] and r["data"]["episodes"] == 4  # sub = first half of 4 per task
+    assert "collect" not in r["stages_run"] and not (tmp_path / "r" / "data").exists()
+
+
+def _err(res):
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    return lines[0]
+
+
+def test_bad_inputs(run_cli, tmp_path):
+    res, _ = run_cli(["goskill", "-q", "--tasks", "reach-v3,pushh-v3"], expect_code=2)
+    assert "pushh-v3" in _err(res)
+    bad = tmp_path / "bad" / "reach-v3"
+    bad.mkdir(parents=True)
+    np.savez(bad / "0.npz", observations=np.zeros((5, 39)), actions=np.zeros((4, 4)), rewards=np.zeros(5))
+    res, _ = run_cli(["goskill", "-q", "--data", str(tmp_path / "bad")], expect_code=2)
+    assert "0.npz" in _err(res) and "episode length" in _err(res)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    res, _ = run_cli(["goskill", "-q", "--run-dir", str(empty)], expect_code=2)
+    assert "empty" in _err(res)
+    if not torch.cuda.is_available():
+        res, _ = run_cli(["goskill", "-q", "--device", "cuda"], expect_code=2)
+        assert "cuda" in _err(res).lower()
+    res, _ = run_cli(["goskill", "-q", "--stages", "extract,fly"], expect_code=2)
+    assert "fly" in _err(res)
+    assert not list(Path(tmp_path / "runs").glob("goskill/*/config.json")) if (tmp_path / "runs").exists() else True
