@@ -1,0 +1,146 @@
+"""`icml negmerge`: sign-consensual task-vector merging for machine unlearning (NegMerge, ICML 2025)."""
+from __future__ import annotations
+
+import click
+
+from . import common
+
+METHODS = ("negmerge", "task_arithmetic", "uniform", "ties", "magmax")
+DEMO_METHODS = ("negmerge", "uniform", "ties", "magmax")
+FORMATS = ("same", "safetensors", "torch", "hf_safetensors", "hf_torch")
+
+EPILOG = """Examples:
+
+\b
+  icml negmerge | jq -c '.result.methods[] | {method, forget_acc, retain_acc, avg_gap}'
+  icml negmerge --n-seeds 3 --threads 2
+  icml negmerge --export-demo demo_ckpts   # also writes the demo's checkpoints
+  icml negmerge --base base.safetensors -c ft1.safetensors -c ft2.safetensors -c ft3.safetensors \\
+      --lam 2.5 --out merged_run | jq .result.kept_fraction
+  icml negmerge --base hf_model/ -c ft_a/ -c ft_b/ --lam-grid 0:1:0.05 \\
+      --eval-cmd 'python eval.py --ckpt {checkpoint}' | jq .result.lambda_search.selected_lam
+"""
+
+
+@common.command("negmerge", epilog=EPILOG)
+@click.option("--base", type=click.Path(exists=False), default=None,
+              help="Original (pre-unlearning) checkpoint: .safetensors, .pt/.pth/.bin, or a Hugging Face folder. "
+                   "Without it the embedded demo runs.")
+@click.option("-c", "--candidate", "candidates", multiple=True, type=click.Path(exists=False),
+              help="A model fine-tuned on the forget set (repeat; >= 2 for merges).")
+@click.option("--method", type=click.Choice(METHODS), default="negmerge",
+              help="How the task vectors are merged (file mode).")
+@click.option("--ta-index", type=click.IntRange(min=0), default=0, help="task_arithmetic: which candidate (0-based).")
+@click.option("--lam", type=float, default=None,
+              help="Fixed scaling: theta = theta_pre - lam * tau (streamed straight to disk).")
+@click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
+              help="Lambda grid to search (demo default 0:6:0.25; the official CLIP grid is 0:1:0.05).")
+@click.option("--eval-cmd", default=None, metavar="CMD",
+              help="File mode with --lam-grid: a command run on each checkpoint ({checkpoint} is replaced by its "
+                   "path, else appended) that prints JSON with forget_acc and retain_acc.")
+@click.option("--eval-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds allowed per --eval-cmd run.")
+@click.option("--retain-ratio", type=click.FloatRange(0, 1), default=0.95,
+              help="Lambda rule: lowest forget accuracy with retain >= ratio x the original's.")
+@click.option("--patience", type=click.IntRange(min=0), default=None,
+              help="Stop the lambda search after this many consecutive lambdas below the retain threshold "
+                   "(0 = whole grid, as the official code; default 0 on files, 3 in the demo).")
+@click.option("--ties-k", type=click.FloatRange(0, 1, min_open=True), default=0.2,
+              help="TIES: fraction of each task vector kept (top-k by magnitude).")
+@click.option("--dare", "dare_p", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+              help="DARE drop probability applied to each task vector before merging (0 = off).")
+@click.option("--format", "out_format", type=click.Choice(FORMATS), default="same",
+              help="Output checkpoint format; 'same' keeps the base's.")
+@click.option("--per-tensor", is_flag=True, help="Report the kept fraction of every tensor.")
+@click.option("--methods", "demo_methods", default=",".join(DEMO_METHODS),
+              help="Demo: comma-separated merges shown next to task arithmetic best/median.")
+@click.option("--preset", type=click.Choice(("quick", "tiny")), default="quick",
+              help="Demo size: quick = the spec's task and 27 candidates (about a minute); tiny = a seconds-long smoke run.")
+@click.option("--n-seeds", type=click.IntRange(min=1), default=1,
+              help="Demo: run seeds --seed .. --seed+N-1 and report the mean per method.")
+@click.option("--export-demo", type=click.Path(file_okay=False), default=None,
+              help="Demo: also write original, retrain and the 27 candidates as .safetensors into this folder.")
+@common.out_option()
+@common.standard_options(seed=True, device=True, threads=True)
+@click.pass_context
+def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
+        ties_k, dare_p, out_format, per_tensor, demo_methods, preset, n_seeds, export_demo, seed, device, threads,
+        quiet, verbose, out):
+    """Unlearn by negating a merged task vector: NegMerge (Kim et al., ICML 2025) and baselines.
+
+    Task vectors tau_i = theta_i - theta_pre of N models fine-tuned on the forget set are merged
+    keeping only elements whose sign all N share (mean of those, zero elsewhere); the unlearned
+    model is theta_pre - lambda * tau, with lambda the lowest-forget-accuracy point whose retain
+    accuracy stays >= 0.95 x the original's. Merges stream tensor by tensor, so memory stays near one
+    model plus one tensor per candidate.
+
+    Without --base, runs the embedded demo (generated task, memorising MLP, retrain gold standard,
+    27 candidates) and reports forget/retain/test accuracy, MIA-efficacy and Avg.Gap to retrain for
+    original, retrain, task arithmetic (best and median candidate), NegMerge, uniform, TIES and MagMax.
+    """
+    from icmltools.core.errors import BadInputError
+
+    with common.CommandRun(ctx, "negmerge", seed=seed, device=device, threads=threads) as run:
+        if lam is not None and lam_grid is not None:
+            raise BadInputError("give either --lam or --lam-grid, not both")
+        if base is None:
+            if candidates:
+                raise BadInputError("--candidate given without --base")
+            _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds,
+                  export_demo, out)
+        else:
+            _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio,
+                   patience or 0, ties_k, dare_p, out_format, per_tensor, seed, out)
+
+
+def _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds, export_demo,
+          out):
+    from icmltools.negmerge import api, search
+
+    grid = [lam] if lam is not None else (search.parse_grid(lam_grid) if lam_grid else None)
+    methods = [m.strip() for m in demo_methods.split(",") if m.strip()]
+    with run.progress() as cb, run.timer.phase("demo"):
+        res = api.run_demo(seed=run.seed, n_seeds=n_seeds, methods=methods, lam_grid=grid, ties_k=ties_k,
+                           dare_p=dare_p, retain_ratio=retain_ratio, device=run.device, progress=cb,
+                           export_dir=export_demo, preset=preset, patience=patience)
+    run.result = res
+    if export_demo:
+        run.artifacts["demo_checkpoints"] = export_demo
+    if out:
+        from icmltools.core.runs import make_run_dir
+
+        d = make_run_dir("negmerge", out)
+        common.write_json_artifact(run, "result", d / "result.json", res)
+        common.write_json_artifact(run, "config", d / "config.json", run.params)
+
+
+def _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
+           ties_k, dare_p, out_format, per_tensor, seed, out):
+    import shutil
+
+    from icmltools.core.errors import BadInputError
+    from icmltools.core.runs import make_run_dir
+    from icmltools.negmerge import api, merge, search
+
+    if lam is None and lam_grid is None:
+        raise BadInputError("give --lam, or --lam-grid with --eval-cmd", hint="e.g. --lam 1.0")
+    if lam_grid is not None and eval_cmd is None:
+        raise BadInputError("--lam-grid on your checkpoints needs --eval-cmd (the built-in evaluator is the demo's)")
+    grid = search.parse_grid(lam_grid) if lam_grid is not None else None
+    cfg = merge.MergeConfig(method=method, ties_k=ties_k, dare_p=dare_p, index=ta_index, seed=seed)
+    with run.timer.phase("open"):
+        job = api.prepare_files(base, candidates, cfg, out_format)
+    d = make_run_dir("negmerge", out)
+    try:
+        with run.progress() as cb, run.timer.phase("merge"):
+            res = api.merge_files(job, d, lam=lam, lam_grid=grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
+                                  retain_ratio=retain_ratio, patience=patience, device=run.device,
+                                  per_tensor=per_tensor, progress=cb)
+    except BaseException:
+        if d.exists() and not any(d.iterdir()):
+            shutil.rmtree(d, ignore_errors=True)
+        raise
+    run.result = res
+    run.artifacts["merged"] = res["output"]
+    common.write_json_artifact(run, "config", d / "config.json", run.params)
+    common.write_json_artifact(run, "result", d / "result.json", res)

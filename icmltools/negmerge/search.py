@@ -1,0 +1,160 @@
+"""The lambda search (official rule) and the user evaluation command.
+
+Rule (official ``find_optimal_coef`` with ``minimize=True``): over the grid in order, skip a lambda whose
+retain (control) accuracy is below ``ratio x`` the original model's, and pick the lowest forget
+accuracy; the first lambda wins ties.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from icmltools.core.errors import BadInputError, RuntimeFailure
+
+log = logging.getLogger(__name__)
+
+
+def parse_grid(spec: str) -> list[float]:
+    """`"0:5:0.25"` (start:stop:step, stop included) or `"0,0.5,1,2"` -> sorted unique floats."""
+    s = (spec or "").strip()
+    if not s:
+        raise BadInputError("--lam-grid is empty")
+    try:
+        if ":" in s:
+            parts = [float(x) for x in s.split(":")]
+            if len(parts) != 3:
+                raise ValueError
+            a, b, step = parts
+            if step <= 0 or b < a:
+                raise BadInputError(f"--lam-grid {spec!r}: need start <= stop and step > 0")
+            n = int(math.floor((b - a) / step + 1e-9)) + 1
+            if n > 10_000:
+                raise BadInputError(f"--lam-grid {spec!r}: {n} points is too many")
+            vals = [round(a + i * step, 12) for i in range(n)]
+        else:
+            vals = [float(x) for x in s.split(",") if x.strip()]
+    except BadInputError:
+        raise
+    except ValueError:
+        raise BadInputError(f"--lam-grid {spec!r}: use start:stop:step or a comma list of numbers") from None
+    if not vals or not all(math.isfinite(v) for v in vals):
+        raise BadInputError(f"--lam-grid {spec!r}: values must be finite numbers")
+    return sorted(set(vals))
+
+
+@dataclass
+class Selection:
+    lam: float | None
+    index: int | None
+    feasible: bool
+    threshold: float
+
+
+def select_lambda(rows: Sequence[dict], original_retain: float, ratio: float = 0.95) -> Selection:
+    """Lowest `forget_acc` among rows with `retain_acc >= ratio * original_retain` (first in order wins ties).
+
+    When no row meets the constraint (possible only if lambda = 0 is not in the grid), the row with the
+    highest retain accuracy is returned with ``feasible=False``.
+    """
+    thr = ratio * original_retain
+    best_i = None
+    for i, r in enumerate(rows):
+        if r["retain_acc"] < thr:
+            continue
+        if best_i is None or r["forget_acc"] < rows[best_i]["forget_acc"]:
+            best_i = i
+    if best_i is not None:
+        return Selection(rows[best_i]["lam"], best_i, True, thr)
+    if not rows:
+        return Selection(None, None, False, thr)
+    j = max(range(len(rows)), key=lambda i: rows[i]["retain_acc"])
+    return Selection(rows[j]["lam"], j, False, thr)
+
+
+def search(evaluate: Callable[[float], dict], grid: Sequence[float], original_retain: float, ratio: float = 0.95,
+           progress: Callable | None = None, desc: str = "lambda grid", patience: int = 0):
+    """Evaluate the lambdas of `grid` in order; return (rows, Selection).
+
+    `patience` > 0 stops after that many consecutive lambdas below the retain threshold (larger
+    lambdas push the model further from the original; a speed-up, not in the official code, which
+    evaluates the whole grid: patience 0).
+    """
+    rows = []
+    thr = ratio * original_retain
+    bad = 0
+    for i, lam in enumerate(grid):
+        m = dict(evaluate(lam))
+        m["lam"] = float(lam)
+        rows.append(m)
+        if progress is not None:
+            progress(desc, i + 1, len(grid))
+        bad = bad + 1 if m["retain_acc"] < thr else 0
+        if patience and bad >= patience:
+            break
+    return rows, select_lambda(rows, original_retain, ratio)
+
+
+class CommandEvaluator:
+    """Runs a user command on a checkpoint path and reads `{"forget_acc": x, "retain_acc": y, ...}` from
+    its stdout (the last line that parses as a JSON object). `{checkpoint}` in the command is replaced by
+    the path; without it the path is appended as the last argument. No shell is involved."""
+
+    def __init__(self, command: str, timeout: float | None = None):
+        try:
+            self.argv = shlex.split(command)
+        except ValueError as e:
+            raise BadInputError(f"--eval-cmd {command!r}: cannot parse ({e})") from None
+        if not self.argv:
+            raise BadInputError("--eval-cmd is empty")
+        self.command = command
+        self.timeout = timeout
+        self.calls = 0
+
+    def argv_for(self, path) -> list[str]:
+        if any("{checkpoint}" in a for a in self.argv):
+            return [a.replace("{checkpoint}", str(path)) for a in self.argv]
+        return self.argv + [str(path)]
+
+    def __call__(self, path) -> dict:
+        argv = self.argv_for(path)
+        self.calls += 1
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
+        except FileNotFoundError:
+            raise BadInputError(f"--eval-cmd: program {argv[0]!r} not found") from None
+        except subprocess.TimeoutExpired:
+            raise RuntimeFailure(f"--eval-cmd timed out after {self.timeout} s on {path}") from None
+        if p.returncode != 0:
+            tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [""]
+            raise RuntimeFailure(f"--eval-cmd exited with status {p.returncode} on {path}: {tail[0][:200]}")
+        doc = None
+        for line in reversed(p.stdout.strip().splitlines()):
+            try:
+                cand = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(cand, dict):
+                doc = cand
+                break
+        if doc is None:
+            try:
+                doc = json.loads(p.stdout)
+            except ValueError:
+                doc = None
+        if not isinstance(doc, dict):
+            raise RuntimeFailure(f"--eval-cmd printed no JSON object on {path} (expected forget_acc and retain_acc)")
+        out = {}
+        for k in ("forget_acc", "retain_acc"):
+            v = doc.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise RuntimeFailure(f"--eval-cmd output on {path}: {k!r} missing or not a number (got {v!r})")
+            out[k] = float(v)
+        for k, v in doc.items():
+            if k not in out and isinstance(v, (int, float, str, bool)):
+                out[k] = v
+        return out

@@ -1,0 +1,341 @@
+"""NegMerge: exact mask cases, streamed merges vs closed forms, lambda rule, eval command, CLI, demo effect."""
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from icmltools.core.errors import BadInputError, RuntimeFailure
+from icmltools.negmerge import merge as M
+from icmltools.negmerge import search as S
+from icmltools.taskvec import MemoryReader, open_checkpoint, read_record, write_state_dict
+
+torch.set_num_threads(1)
+
+
+def _closed_form(taus):
+    """The spec's formula: where(|sum_i sign(tau_i)| == N, sum_i tau_i / N, 0)."""
+    st = torch.stack(taus)
+    n = len(taus)
+    return torch.where(torch.sign(st).sum(0).abs() == n, st.sum(0) / n, torch.zeros(()))
+
+
+def _dyadic(shape, g, scale=8):
+    """Random multiples of 1/8 in [-2, 2]: sums of a few are exact in float32, so float checks can be exact."""
+    return (torch.randint(-2 * scale, 2 * scale + 1, shape, generator=g) / scale).float()
+
+
+# --------------------------------------------------------------------------------------------- kernels
+
+
+def test_hand_made_mask_case():
+    # columns: all positive, all negative, mixed signs, an exact zero in one model
+    taus = [torch.tensor([1.0, -1.0, 1.0, 1.0]),
+            torch.tensor([2.0, -2.0, -1.0, 0.0]),
+            torch.tensor([3.0, -6.0, 2.0, 2.0])]
+    merged, kept = M.negmerge_tensor(taus)
+    assert merged.tolist() == [2.0, -3.0, 0.0, 0.0]
+    assert kept == 2
+
+
+def test_negmerge_equals_closed_form():
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 3, 7):
+        taus = [_dyadic((13, 9), g) for _ in range(n)]
+        merged, kept = M.negmerge_tensor(taus)
+        assert torch.equal(merged, _closed_form(taus))
+        assert kept == int((torch.sign(torch.stack(taus)).sum(0).abs() == n).sum())
+
+
+def test_kept_fraction_never_grows_with_more_candidates():
+    g = torch.Generator().manual_seed(1)
+    taus = [torch.randn(500, generator=g) + 0.3 for _ in range(12)]
+    kept = [M.negmerge_tensor(taus[:k])[1] for k in range(2, 13)]
+    assert all(a >= b for a, b in zip(kept, kept[1:]))
+    assert kept[0] > kept[-1]
+
+
+def test_baseline_kernels():
+    taus = [torch.tensor([1.0, -4.0, 0.5, 0.0]), torch.tensor([-3.0, 2.0, 0.25, 0.0])]
+    assert M.uniform_tensor(taus)[0].tolist() == [-1.0, -1.0, 0.375, 0.0]
+    mm, kept = M.magmax_tensor(taus)
+    assert mm.tolist() == [-3.0, -4.0, 0.5, 0.0] and kept == 3
+    # TIES with k=1 (no trimming): elected sign = sign of the sum; mean of the agreeing entries
+    t3 = [torch.tensor([1.0, -4.0, 2.0]), torch.tensor([3.0, 2.0, -1.0]), torch.tensor([-1.0, -2.0, 4.0])]
+    ties, _ = M.ties_tensor(t3, k=1.0)
+    assert ties.tolist() == [2.0, -3.0, 3.0]
+    # trimming keeps the top-k magnitudes of each task vector
+    assert M._trim_top_k(torch.tensor([0.1, -5.0, 3.0, 0.2, -0.3]), 0.4).tolist() == [0.0, -5.0, 3.0, 0.0, 0.0]
+
+
+def test_dare_is_seeded_and_rescaled():
+    t = torch.ones(20000)
+    cfg = M.MergeConfig("task_arithmetic", dare_p=0.5, seed=3)
+    a, _ = M.merge_tensor([t], cfg, name="w")
+    b, _ = M.merge_tensor([t], cfg, name="w")
+    assert torch.equal(a, b)
+    assert set(a.unique().tolist()) == {0.0, 2.0}
+    assert abs(a.mean().item() - 1.0) < 0.05
+
+
+# --------------------------------------------------------------------------------------------- streamed merges
+
+
+def _models(n=4, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    base = {"a.w": _dyadic((6, 5), g).to(dtype), "a.b": _dyadic((5,), g).to(dtype),
+            "bn.num_batches_tracked": torch.tensor(9), "h": _dyadic((3, 6), g).to(torch.bfloat16)}
+    cands = []
+    for _ in range(n):
+        c = {k: (v + _dyadic(v.shape, g).to(v.dtype) if v.is_floating_point() else v + 1) for k, v in base.items()}
+        cands.append(c)
+    return base, cands
+
+
+@pytest.mark.parametrize("method", M.METHODS)
+def test_stream_to_file_matches_in_memory(tmp_path, method):
+    base, cands = _models()
+    write_state_dict(base, tmp_path / "base.safetensors")
+    paths = []
+    for i, c in enumerate(cands):
+        write_state_dict(c, tmp_path / f"c{i}.safetensors")
+        paths.append(tmp_path / f"c{i}.safetensors")
+    cfg = M.MergeConfig(method, index=1)
+    b = open_checkpoint(tmp_path / "base.safetensors")
+    stats = M.merge_to_checkpoint(b, [open_checkpoint(p) for p in paths], cfg, 1.5, tmp_path / "out.safetensors")
+    out = open_checkpoint(tmp_path / "out.safetensors")
+    tau, _ = M.merged_task_vector(MemoryReader(base), [MemoryReader(c) for c in cands], cfg)
+    for k, v in base.items():
+        got = out.get(k)
+        assert got.dtype == v.dtype
+        if not v.is_floating_point():
+            assert torch.equal(got, v)  # integer buffers are copied from the base, not merged
+        else:
+            assert torch.equal(got, (v.float() - 1.5 * tau[k]).to(v.dtype))
+    assert stats.skipped_non_float == ["bn.num_batches_tracked"]
+    assert read_record(tmp_path / "out.safetensors")["method"] == method
+
+
+def test_negmerge_file_output_equals_formula_and_lambda_zero_is_base(tmp_path):
+    base, cands = _models(n=5, dtype=torch.float64)
+    b = MemoryReader(base)
+    cs = [MemoryReader(c) for c in cands]
+    M.merge_to_checkpoint(b, cs, M.MergeConfig(), 2.0, tmp_path / "m.safetensors")
+    M.merge_to_checkpoint(b, cs, M.MergeConfig(), 0.0, tmp_path / "zero.safetensors")
+    out, zero = open_checkpoint(tmp_path / "m.safetensors"), open_checkpoint(tmp_path / "zero.safetensors")
+    for k, v in base.items():
+        assert torch.equal(zero.get(k), v) and zero.get(k).dtype == v.dtype
+        if k in ("a.w", "a.b"):  # float64 tensors: exact closed form
+            taus = [c[k] - v for c in cands]
+            expect = v - 2.0 * _closed_form(taus).double()
+            assert torch.equal(out.get(k), expect)
+
+
+def test_merge_input_errors():
+    base, cands = _models(n=3)
+    b = MemoryReader(base)
+    with pytest.raises(BadInputError, match="at least 2 candidates"):
+        M.open_and_check(b, [MemoryReader(cands[0])], M.MergeConfig())
+    M.open_and_check(b, [MemoryReader(cands[0])], M.MergeConfig("task_arithmetic"))
+    bad = dict(cands[1])
+    bad["a.w"] = torch.zeros(6, 4)
+    with pytest.raises(BadInputError, match="'a.w' has shape"):
+        M.open_and_check(b, [MemoryReader(cands[0]), MemoryReader(bad)], M.MergeConfig())
+    with pytest.raises(BadInputError, match="ties-k"):
+        M.MergeConfig(ties_k=0).validate(3)
+    with pytest.raises(BadInputError, match="out of range"):
+        M.MergeConfig("task_arithmetic", index=3).validate(3)
+
+
+# --------------------------------------------------------------------------------------------- lambda rule
+
+
+def test_select_lambda_rule():
+    rows = [{"lam": 0.0, "forget_acc": 0.9, "retain_acc": 1.0},
+            {"lam": 1.0, "forget_acc": 0.5, "retain_acc": 0.96},
+            {"lam": 2.0, "forget_acc": 0.5, "retain_acc": 0.955},   # tie: the first wins
+            {"lam": 3.0, "forget_acc": 0.1, "retain_acc": 0.94}]    # below 0.95 x 1.0
+    sel = S.select_lambda(rows, 1.0)
+    assert (sel.lam, sel.feasible) == (1.0, True)
+    sel = S.select_lambda(rows[1:], 1.0, ratio=0.999)
+    assert (sel.lam, sel.feasible) == (1.0, False)  # nothing feasible: highest retain, flagged
+
+
+def test_search_patience_stops_early():
+    calls = []
+
+    def ev(lam):
+        calls.append(lam)
+        return {"forget_acc": 1 - lam / 10, "retain_acc": 1 - lam / 5}
+
+    rows, sel = S.search(ev, [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1.0, patience=2)
+    assert calls == [0, 0.1, 0.2, 0.3, 0.4] and sel.lam == 0.2
+    rows, sel = S.search(ev, [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 1.0)
+    assert len(rows) == 7 and sel.lam == 0.2
+
+
+def test_parse_grid():
+    assert S.parse_grid("0:1:0.25") == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert S.parse_grid("2, 0.5,1") == [0.5, 1.0, 2.0]
+    for bad in ("", "1:0:0.1", "a,b", "0:1", "0:1:-1"):
+        with pytest.raises(BadInputError):
+            S.parse_grid(bad)
+
+
+def test_command_evaluator(tmp_path):
+    script = tmp_path / "ev.py"
+    script.write_text("import sys, json\nprint('log line')\n"
+                      "print(json.dumps({'forget_acc': 0.25, 'retain_acc': 0.5, 'path': sys.argv[-1]}))\n")
+    ev = S.CommandEvaluator(f"{sys.executable} {script} --ckpt {{checkpoint}}")
+    assert ev("/x/y.safetensors") == {"forget_acc": 0.25, "retain_acc": 0.5, "path": "/x/y.safetensors"}
+    bad = tmp_path / "bad.py"
+    bad.write_text("print('{\"forget_acc\": 1}')\n")
+    with pytest.raises(RuntimeFailure, match="retain_acc"):
+        S.CommandEvaluator(f"{sys.executable} {bad}")("p")
+    fail = tmp_path / "fail.py"
+    fail.write_text("import sys\nsys.exit('boom')\n")
+    with pytest.raises(RuntimeFailure, match="status 1.*boom"):
+        S.CommandEvaluator(f"{sys.executable} {fail}")("p")
+    with pytest.raises(BadInputError, match="not found"):
+        S.CommandEvaluator("no-such-program-xyz")("p")
+
+
+# --------------------------------------------------------------------------------------------- CLI, files
+
+
+def _write_models(tmp_path, fmt="safetensors", n=3):
+    base, cands = _models(n=n)
+    ext = {"safetensors": ".safetensors", "torch": ".pt", "hf_safetensors": "", "hf_torch": ""}[fmt]
+    write_state_dict(base, tmp_path / f"base{ext}", fmt=fmt)
+    paths = []
+    for i, c in enumerate(cands):
+        p = tmp_path / f"c{i}{ext}"
+        if fmt == "torch":
+            torch.save({"state_dict": c, "epoch": 1}, p)  # wrapped, as training scripts save
+        else:
+            write_state_dict(c, p, fmt=fmt)
+        paths.append(str(p))
+    return base, cands, str(tmp_path / f"base{ext}"), paths
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch", "hf_safetensors", "hf_torch"])
+def test_cli_merge_keeps_base_format(tmp_path, run_cli, fmt):
+    base, cands, bpath, cpaths = _write_models(tmp_path, fmt)
+    args = ["negmerge", "-q", "--base", bpath, "--lam", "1.0", "--out", str(tmp_path / "run")]
+    for c in cpaths:
+        args += ["-c", c]
+    res, doc = run_cli(args)
+    r = doc["result"]
+    assert r["output_format"] == fmt and doc["device"]["resolved"] == "cpu"
+    out = open_checkpoint(r["output"])
+    assert out.format == fmt
+    tau, stats = M.merged_task_vector(MemoryReader(base), [MemoryReader(c) for c in cands], M.MergeConfig())
+    assert abs(r["kept_fraction"] - stats.kept_fraction) < 1e-12
+    for k, v in base.items():
+        expect = v if k not in tau else (v.float() - tau[k]).to(v.dtype)
+        assert torch.equal(out.get(k), expect)
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["lam"] == 1.0
+
+
+def test_cli_lambda_grid_with_eval_command(tmp_path, run_cli):
+    base, cands, bpath, cpaths = _write_models(tmp_path)
+    script = tmp_path / "ev.py"
+    # forget accuracy falls with lambda (mean of a.w moves), retain falls more slowly
+    script.write_text(
+        "import sys, json\nfrom safetensors.torch import load_file\n"
+        f"ref = load_file({bpath!r})['a.w']\n"
+        "d = (load_file(sys.argv[1])['a.w'] - ref).abs().mean().item()\n"
+        "print(json.dumps({'forget_acc': 1 - d, 'retain_acc': 1 - d / 4}))\n")
+    args = ["negmerge", "-q", "--base", bpath, "--lam-grid", "0:2:0.5", "--eval-cmd", f"{sys.executable} {script}",
+            "--out", str(tmp_path / "run")]
+    for c in cpaths:
+        args += ["-c", c]
+    res, doc = run_cli(args)
+    ls = doc["result"]["lambda_search"]
+    assert [r["lam"] for r in ls["rows"]] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    feasible = [r for r in ls["rows"] if r["retain_acc"] >= 0.95 * ls["original"]["retain_acc"]]
+    assert ls["selected_lam"] == min(feasible, key=lambda r: r["forget_acc"])["lam"]
+    assert doc["result"]["lam"] == ls["selected_lam"]
+    assert read_record(doc["result"]["output"])["lam"] == ls["selected_lam"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [
+        "config.json", "merged.safetensors", "merged.safetensors.json", "result.json"]
+
+
+def test_cli_bad_inputs_leave_nothing(tmp_path, run_cli):
+    base, cands, bpath, cpaths = _write_models(tmp_path)
+    raw = Path(cpaths[1]).read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(raw[:-9])
+    (tmp_path / "corrupt.safetensors").write_bytes(b"\xff" * 64)
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"state_dict": {"a.w": Evil()}}))
+    other = dict(cands[0])
+    other["extra.w"] = torch.zeros(2)
+    write_state_dict(other, tmp_path / "extra.safetensors")
+    shp = dict(cands[0])
+    shp["a.b"] = torch.zeros(4)
+    write_state_dict(shp, tmp_path / "shape.safetensors")
+    cases = [
+        ([cpaths[0], str(tmp_path / "missing.safetensors")], "no such file"),
+        ([cpaths[0], str(tmp_path / "trunc.safetensors")], "truncated"),
+        ([cpaths[0], str(tmp_path / "corrupt.safetensors")], "corrupt"),
+        ([cpaths[0], str(tmp_path / "evil.pt")], "refused"),
+        ([cpaths[0], str(tmp_path / "extra.safetensors")], "'extra.w' is not in the base"),
+        ([cpaths[0], str(tmp_path / "shape.safetensors")], "'a.b' has shape"),
+        ([cpaths[0]], "at least 2 candidates"),
+    ]
+    for cands_, msg in cases:
+        out = tmp_path / "run"
+        args = ["negmerge", "-q", "--base", bpath, "--lam", "1", "--out", str(out)]
+        for c in cands_:
+            args += ["-c", c]
+        res, _ = run_cli(args, expect_code=2)
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error:") and msg in lines[0], (msg, res.stderr)
+        assert "Traceback" not in res.stderr
+        assert not out.exists()
+    res, _ = run_cli(["negmerge", "-q", "--base", bpath, "-c", cpaths[0], "-c", cpaths[1]], expect_code=2)
+    assert "--lam" in res.stderr
+    res, _ = run_cli(["negmerge", "-q", "--lam", "1", "--lam-grid", "0:1:0.5"], expect_code=2)
+    res, _ = run_cli(["negmerge", "-q", "--ties-k", "0"], expect_code=2)
+
+
+# --------------------------------------------------------------------------------------------- demo
+
+
+def test_cli_demo_tiny_contract(run_cli):
+    res, doc = run_cli(["negmerge", "-q", "--preset", "tiny", "--methods", "negmerge,uniform"])
+    methods = {m["method"]: m for m in doc["result"]["methods"]}
+    assert set(methods) == {"original", "retrain", "task_arithmetic_best", "task_arithmetic_median",
+                            "negmerge", "uniform"}
+    for m in methods.values():
+        for k in ("forget_acc", "retain_acc", "test_acc", "mia", "avg_gap"):
+            assert isinstance(m[k], float) and 0 <= m[k] <= 100
+    assert methods["retrain"]["avg_gap"] == 0.0
+    assert 0 < methods["negmerge"]["kept_fraction"] < 1
+    assert res.stdout.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def demo_seed1():
+    from icmltools.negmerge import demo
+
+    return demo.run_demo(demo.DemoConfig(), [1])
+
+
+def test_demo_effect_fixed_seed(demo_seed1):
+    """Quick preset (the spec's demo), seed 1: NegMerge forgets, keeps retain, and beats the median single TV."""
+    m = {r["method"]: r for r in demo_seed1["methods"]}
+    orig, nm, med = m["original"], m["negmerge"], m["task_arithmetic_median"]
+    assert orig["forget_acc"] > 95  # the original memorised the forget set
+    assert nm["forget_acc"] < orig["forget_acc"] - 10
+    assert nm["retain_acc"] >= 0.95 * orig["retain_acc"]
+    assert nm["avg_gap"] < med["avg_gap"]
+    assert len(demo_seed1["candidates"]) == 27
+    assert 0 < nm["kept_fraction"] < 0.5

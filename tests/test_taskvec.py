@@ -1,0 +1,218 @@
+"""Task-vector checkpoint I/O: round trips per format, lazy reading, atomic writes, clear errors."""
+import json
+import os
+import pickle
+
+import pytest
+import torch
+
+from icmltools.core.errors import BadInputError
+from icmltools.taskvec import (
+    CheckpointWriter,
+    MemoryReader,
+    check_compatible,
+    open_checkpoint,
+    read_record,
+    write_state_dict,
+)
+
+torch.set_num_threads(1)
+
+
+def _sd(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "enc.w": torch.randn(8, 5, generator=g),
+        "enc.b": torch.randn(5, generator=g).to(torch.bfloat16),
+        "head.w": torch.randn(3, 8, generator=g).to(torch.float16),
+        "scale": torch.tensor(2.5, dtype=torch.float64),
+        "bn.num_batches_tracked": torch.tensor(17),
+        "mask": torch.tensor([True, False]),
+    }
+
+
+def _same(a: dict, reader) -> bool:
+    return set(a) == set(reader.keys()) and all(
+        reader.get(k).dtype == v.dtype and torch.equal(reader.get(k), v) for k, v in a.items())
+
+
+@pytest.mark.parametrize("fmt,name", [("safetensors", "m.safetensors"), ("torch", "m.pt"),
+                                      ("hf_safetensors", "hf_st"), ("hf_torch", "hf_pt")])
+def test_round_trip_every_format(tmp_path, fmt, name):
+    sd = _sd()
+    write_state_dict(sd, tmp_path / name, fmt=fmt, record={"how": "test"})
+    r = open_checkpoint(tmp_path / name)
+    assert r.format == fmt
+    assert _same(sd, r)
+    assert read_record(tmp_path / name) == {"how": "test"}
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]  # no temp files left
+
+
+def test_sharded_hf_folder_round_trip_and_layout(tmp_path):
+    sd = _sd()
+    shards = [["enc.w", "enc.b"], ["head.w", "scale"], ["bn.num_batches_tracked", "mask"]]
+    (tmp_path / "src").mkdir()
+    write_state_dict(sd, tmp_path / "hf", fmt="hf_safetensors", shards=shards)
+    files = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert "model.safetensors.index.json" in files
+    assert [f for f in files if f.endswith(".safetensors")] == [
+        "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+    idx = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert idx["weight_map"]["head.w"] == "model-00002-of-00003.safetensors"
+    assert idx["metadata"]["total_size"] == sum(v.numel() * v.element_size() for v in sd.values())
+    # a non-weight file of the base folder is carried over to a folder written from it
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "toy"}')
+    base = open_checkpoint(tmp_path / "hf")
+    assert [n for _, n in base.shards] == shards
+    assert _same(sd, base)
+    with CheckpointWriter(base, tmp_path / "copy", record={"r": 1}) as w:
+        for n in w.order:
+            w.write(n, base.get(n))
+    copy = open_checkpoint(tmp_path / "copy")
+    assert copy.format == "hf_safetensors" and _same(sd, copy)
+    assert (tmp_path / "copy" / "config.json").read_text() == '{"model_type": "toy"}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "hf", "src"]
+
+
+def test_torch_state_dict_key_is_unwrapped(tmp_path):
+    sd = _sd()
+    torch.save({"state_dict": sd, "epoch": 3, "optimizer": {"lr": 0.1}}, tmp_path / "w.pt")
+    assert _same(sd, open_checkpoint(tmp_path / "w.pt"))
+
+
+def test_safetensors_metadata_carries_the_record(tmp_path):
+    from safetensors import safe_open
+
+    write_state_dict(_sd(), tmp_path / "m.safetensors", record={"method": "negmerge", "lam": 2.0})
+    with safe_open(str(tmp_path / "m.safetensors"), "pt") as f:
+        assert json.loads(f.metadata()["icml"]) == {"method": "negmerge", "lam": 2.0}
+
+
+def test_streamed_file_is_a_valid_safetensors_file(tmp_path):
+    from safetensors.torch import load_file
+
+    sd = _sd()
+    write_state_dict(sd, tmp_path / "m.safetensors")
+    loaded = load_file(str(tmp_path / "m.safetensors"))
+    assert all(torch.equal(loaded[k], v) for k, v in sd.items())
+
+
+def test_writer_leaves_nothing_on_error(tmp_path):
+    sd = _sd()
+    for fmt, name in [("safetensors", "m.safetensors"), ("torch", "m.pt"), ("hf_safetensors", "hf")]:
+        mem = MemoryReader(sd)
+        with pytest.raises(RuntimeError):
+            with CheckpointWriter(mem, tmp_path / name, fmt=fmt) as w:
+                w.write(w.order[0], sd[w.order[0]])
+                raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    # an existing output is kept intact when a rewrite fails
+    write_state_dict(sd, tmp_path / "m.safetensors")
+    before = (tmp_path / "m.safetensors").read_bytes()
+    with pytest.raises(RuntimeError):
+        with CheckpointWriter(MemoryReader(sd), tmp_path / "m.safetensors") as w:
+            w.write(w.order[0], sd[w.order[0]] + 1 if sd[w.order[0]].is_floating_point() else sd[w.order[0]])
+            raise RuntimeError("interrupted")
+    assert (tmp_path / "m.safetensors").read_bytes() == before
+
+
+def test_writer_checks_order_and_shape(tmp_path):
+    sd = _sd()
+    with pytest.raises(RuntimeError, match="expected"):
+        with CheckpointWriter(MemoryReader(sd), tmp_path / "m.safetensors") as w:
+            w.write(w.order[1], sd[w.order[1]])
+    with pytest.raises(RuntimeError):
+        with CheckpointWriter(MemoryReader(sd), tmp_path / "m.safetensors") as w:
+            w.write(w.order[0], torch.zeros(1))
+    with pytest.raises(RuntimeError, match="left to write"):
+        with CheckpointWriter(MemoryReader(sd), tmp_path / "m.safetensors") as w:
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    write_state_dict(_sd(), tmp_path / "ok.safetensors")
+    raw = (tmp_path / "ok.safetensors").read_bytes()
+    (tmp_path / "trunc.safetensors").write_bytes(raw[: len(raw) - 7])
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 3 + b"not a checkpoint" * 4)
+    (tmp_path / "empty.pt").write_bytes(b"")
+    torch.save(_sd(), tmp_path / "ok.pt")
+    (tmp_path / "trunc.pt").write_bytes((tmp_path / "ok.pt").read_bytes()[:300])
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps({"w": Evil()}))
+    torch.save({"w": torch.zeros(2), "note": "text"}, tmp_path / "mixed.pt")
+    cases = {"trunc.safetensors": "corrupt or truncated", "junk.safetensors": "corrupt or truncated",
+             "empty.pt": "empty", "trunc.pt": "corrupt or truncated", "evil.pt": "refused|corrupt",
+             "mixed.pt": "'note' is a str", "missing.safetensors": "no such file"}
+    for name, pat in cases.items():
+        with pytest.raises(BadInputError, match=pat) as ei:
+            open_checkpoint(tmp_path / name)
+        assert name in str(ei.value)
+
+
+def test_hf_folder_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(BadInputError, match="none of"):
+        open_checkpoint(tmp_path / "empty")
+    write_state_dict(_sd(), tmp_path / "hf", fmt="hf_safetensors", shards=[["enc.w", "enc.b", "head.w"],
+                                                                            ["scale", "bn.num_batches_tracked", "mask"]])
+    (tmp_path / "hf" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(BadInputError, match="missing"):
+        open_checkpoint(tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(BadInputError, match="index JSON"):
+        open_checkpoint(tmp_path / "hf")
+
+
+def test_compatibility_errors_name_the_tensor(tmp_path):
+    a = _sd()
+    b = dict(a)
+    b["enc.w"] = torch.zeros(8, 6)
+    with pytest.raises(BadInputError, match="'enc.w' has shape"):
+        check_compatible(MemoryReader(a), MemoryReader(b))
+    b = dict(a)
+    b["enc.w"] = a["enc.w"].double()
+    with pytest.raises(BadInputError, match="'enc.w' has dtype float64"):
+        check_compatible(MemoryReader(a), MemoryReader(b))
+    b = dict(a)
+    del b["head.w"]
+    with pytest.raises(BadInputError, match="'head.w' of the base"):
+        check_compatible(MemoryReader(a), MemoryReader(b))
+    b = dict(a)
+    b["extra"] = torch.zeros(1)
+    with pytest.raises(BadInputError, match="'extra' is not in the base"):
+        check_compatible(MemoryReader(a), MemoryReader(b))
+
+
+def test_safetensors_reader_is_lazy(tmp_path, monkeypatch):
+    """Specs come from the header; a tensor is read only when asked for."""
+    sd = {f"t{i}": torch.full((4,), float(i)) for i in range(5)}
+    write_state_dict(sd, tmp_path / "m.safetensors")
+    r = open_checkpoint(tmp_path / "m.safetensors")
+    import safetensors
+
+    calls = []
+    real = safetensors.safe_open
+
+    class Spy:
+        def __init__(self, *a, **k):
+            self.f = real(*a, **k)
+
+        def __enter__(self):
+            self.f.__enter__()
+            return self
+
+        def __exit__(self, *e):
+            return self.f.__exit__(*e)
+
+        def get_tensor(self, name):
+            calls.append(name)
+            return self.f.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Spy)
+    assert torch.equal(r.get("t3"), sd["t3"])
+    assert calls == ["t3"]
