@@ -8,7 +8,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("env", "Versions, devices and threads of this installation, as JSON."),
     "onemax-sim": ("onemax_sim", "Learning-augmented one-max search: Pareto-optimal smooth rules vs baselines."),
     # registry:fope-train
-    # registry:negmerge
+    "negmerge": ("negmerge", "NegMerge unlearning: sign-consensual task-vector merging of checkpoints, with baselines."),
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     # registry:reopt
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
