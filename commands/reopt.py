@@ -94,7 +94,7 @@ def cli(ctx, quiet, verbose):
     Predicts a solution space for a new instance from solved history instances, fixes variables chosen by
     Thompson sampling, releases fixings group-wise when a sub-MIP is infeasible, and compares with plain
     SCIP, SCIP warm-started with the previous solution, and SCIP's own reoptimization under the same time
-    limit. Without a subcommand it runs `demo`: a tiny generated series, every method, about a minute.
+    limit. Without a subcommand it runs `demo`: a tiny generated series, every method, 20-60 s.
     """
     ctx.ensure_object(dict)
     if quiet:
@@ -124,7 +124,7 @@ def demo(ctx, time_limit, jsonl, out, seed, device, threads, quiet, verbose):
 
     with _run(ctx, seed, device, threads) as run:
         d = make_run_dir("reopt", out)
-        cfg = _cfg(time_limit, 0.7, None, 10, 10.0, 0.8, "marginal", seed, "cpu", verbose)
+        cfg = _cfg(time_limit, 0.7, None, 10, 10.0, 0.8, "marginal", seed, "cpu", run.verbose, threads)
         specs = api.bench_specs(["setcover"], ["rhs", "obj"], "tiny", 1, 5, 0.2, time_limit, seed0=seed)
         with run.timer.phase("bench"), run.progress() as cb:
             res = api.run_bench(specs, list(METHODS), cfg, d, first=2, cache_dir=d / "cache", jobs=1,
@@ -165,7 +165,7 @@ def solve(ctx, instance, history, history_sol, method, time_limit, reference, wr
     methods = list(METHODS) if "all" in method else list(dict.fromkeys(method))
     with _run(ctx, seed, device, threads) as run:
         cfg = _cfg(time_limit, fix_ratio, submip_limit, groups, prior_strength, decay, predictor, seed,
-                   _device(run, predictor), verbose, threads)
+                   _device(run, predictor), run.verbose, threads)
         with run.timer.phase("solve"), run.progress() as cb:
             res = api.solve_instance(instance, history, history_sol, methods, cfg, history_limit=history_limit,
                                      cache_dir=cache_dir or default_cache_dir(), jobs=jobs, reference=reference,
@@ -206,7 +206,7 @@ def series(ctx, test_file, method, time_limit, first, max_instances, jsonl, fix_
         tl = time_limit or spec["timeout"] or 10.0
         tl = api.check_time_limit(tl, "[TIMEOUT] / --time-limit")
         cfg = _cfg(tl, fix_ratio, submip_limit, groups, prior_strength, decay, predictor, seed,
-                   _device(run, predictor), verbose, threads)
+                   _device(run, predictor), run.verbose, threads)
         with run.timer.phase("series"), run.progress() as cb:
             res = api.run_series(test_file, methods, cfg, first=first, max_instances=max_instances,
                                  history_limit=history_limit, cache_dir=cache_dir or default_cache_dir(), jobs=jobs,
@@ -284,7 +284,7 @@ def bench(ctx, problems, modes, size, seeds, instances, first, strength, method,
     with _run(ctx, seed, device, threads) as run:
         d = make_run_dir("reopt", out)
         cfg = _cfg(time_limit, fix_ratio, submip_limit, groups, prior_strength, decay, predictor, seed,
-                   _device(run, predictor), verbose, threads)
+                   _device(run, predictor), run.verbose, threads)
         specs = api.bench_specs(problems, modes, size, seeds, instances, strength, time_limit, seed0=seed)
         if not specs:
             raise BadInputError("nothing to run")

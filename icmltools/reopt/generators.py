@@ -60,7 +60,8 @@ def _milp(name, var_names, vtype, lb, ub, obj, cons_names, rows, cols, vals, lhs
 
 def setcover_base(rng: np.random.Generator, nrows: int, ncols: int, density: float, multi: bool) -> Milp:
     """Balas & Ho set cover: min c'x, A x >= b, x binary; every column covers >= 1 row, every row has
-    >= 3 columns. `multi` draws b in {1, 2} (multi-cover) so that rhs perturbations have room."""
+    >= 3 columns. `multi` draws demands b in {1, 2} (multi-cover; ours) so that rhs perturbations have room
+    and the small preset is not solved to near-optimality within a few seconds."""
     nnz = max(int(nrows * ncols * density), ncols)
     cols = np.concatenate([rng.permutation(ncols), rng.integers(0, ncols, size=nnz - ncols)])
     rows = np.concatenate([np.arange(ncols) % nrows, rng.integers(0, nrows, size=nnz - ncols)])
@@ -212,8 +213,8 @@ def make_base(problem: str, size: str, rng: np.random.Generator, mode: str) -> M
     if size not in SIZES:
         raise BadInputError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
     kw = PRESETS[problem][size]
-    if problem == "setcover":
-        return setcover_base(rng, multi=mode in ("rhs", "mixed"), **kw)
+    if problem == "setcover":  # multi-cover demands in every mode: unit demands are solved to near-optimality
+        return setcover_base(rng, multi=True, **kw)  # within 5 s at the small size, leaving nothing to compare
     if problem == "cauction":
         return cauction_base(rng, **kw)
     if problem == "facility":
@@ -227,11 +228,7 @@ def make_base(problem: str, size: str, rng: np.random.Generator, mode: str) -> M
 def _perturb_obj(base: Milp, rng, strength: float) -> Milp:
     m = base.copy()
     sel = base.obj != 0
-    f = rng.uniform(1 - strength, 1 + strength, size=base.n)
-    if base.meta.get("problem") == "facility":  # fixed costs and unit costs on different scales
-        new = base.obj * f
-    else:
-        new = base.obj * f
+    new = base.obj * rng.uniform(1 - strength, 1 + strength, size=base.n)
     integral = np.all(base.obj == np.round(base.obj))
     m.obj = np.where(sel, np.maximum(np.round(new) if integral else np.round(new, 3), 1e-3 if not integral else 1),
                      0.0)
