@@ -10,6 +10,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # registry:fope-train
     "negmerge": ("negmerge", "NegMerge unlearning: sign-consensual task-vector merging of checkpoints, with baselines."),
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
-    # registry:reopt
+    "reopt": ("reopt", "VP-OR-style reoptimization of modified MILPs on SCIP, with baselines, generators, bench."),
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
 }

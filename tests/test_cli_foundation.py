@@ -22,7 +22,7 @@ FAST_ARGS = {
     # fast-args:fope-train
     "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
     "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
-    # fast-args:reopt
+    "reopt": ["demo", "--time-limit", "0.5"],
     "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "4", "--max-steps", "20", "-H", "5", "--extract-iters", "10", "--enhance-iters", "5", "--policy-iters", "5", "--bc-iters", "5", "--eval-episodes", "1"],
 }
 
