@@ -23,7 +23,7 @@ FAST_ARGS = {
     "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
     "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
     "reopt": ["demo", "--time-limit", "0.5"],
-    "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "4", "--max-steps", "20", "-H", "5", "--extract-iters", "10", "--enhance-iters", "5", "--policy-iters", "5", "--bc-iters", "5", "--eval-episodes", "1"],
+    "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "2", "--max-steps", "10", "-H", "5", "--extract-iters", "4", "--enhance-iters", "2", "--policy-iters", "2", "--bc-iters", "2", "--eval-episodes", "1"],
 }
 
 

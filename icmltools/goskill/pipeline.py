@@ -157,6 +157,14 @@ class Run:
         save_safetensors({k: v.detach().cpu() for k, v in model.state_dict().items()}, self.path(key))
 
 
+def task_names(spec: str) -> list[str]:
+    """MetaWorld task names (validated), or the toy tasks toy-a..toy-d of the pure-numpy test env."""
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    if names and all(t in ToyEnv.GOALS for t in names):
+        return names
+    return resolve_tasks(spec)
+
+
 def _rng(seed: int, stage: str) -> np.random.Generator:
     return np.random.default_rng([seed, STAGES.index(stage) + 1])
 
@@ -174,8 +182,7 @@ def stage_collect(run: Run, progress=None) -> dict:
     if run.data_dir:
         raise BadInputError("this run reads a user dataset (--data); nothing to collect")
     cfg = run.cfg
-    tasks = resolve_tasks(cfg.tasks) if not all(t in ToyEnv.GOALS for t in cfg.tasks.split(",")) \
-        else cfg.tasks.split(",")
+    tasks = task_names(cfg.tasks)
     out = run.root / "data"
     summary = collect(tasks, out, episodes=cfg.episodes, max_steps=cfg.max_steps, seed=run.seed,
                       workers=cfg.workers, progress=progress)
@@ -389,12 +396,10 @@ def start(*, preset: str = "quick", out=None, run_dir=None, data=None, stages: s
         cfg = make_config(preset, **overrides)
         tasks = None
         if data is not None:
-            task_filter = None if "tasks" not in overrides else resolve_tasks(cfg.tasks)
+            task_filter = None if "tasks" not in overrides else task_names(cfg.tasks)
             tasks, _ = D.load_dataset_dir(data, task_filter)   # validate before creating anything
         else:
-            names = cfg.tasks.split(",")
-            if not all(t in ToyEnv.GOALS for t in names):
-                resolve_tasks(cfg.tasks)
+            task_names(cfg.tasks)
         if stage_list is None:
             stage_list = [s for s in STAGES if not (s == "collect" and data is not None)]
         if data is not None and "collect" in stage_list:
