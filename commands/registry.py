@@ -7,7 +7,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # name: (module in icmltools.commands, short help shown by `icml --help`)
     "env": ("env", "Versions, devices and threads of this installation, as JSON."),
     "onemax-sim": ("onemax_sim", "Learning-augmented one-max search: Pareto-optimal smooth rules vs baselines."),
-    # registry:fope-train
+    "fope-train": ("fope_train", "FoPE vs RoPE/NoPE/ALiBi: train small LMs, compare loss and passkey beyond the training length."),
     "negmerge": ("negmerge", "NegMerge unlearning: sign-consensual task-vector merging of checkpoints, with baselines."),
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     "reopt": ("reopt", "VP-OR-style reoptimization of modified MILPs on SCIP, with baselines, generators, bench."),

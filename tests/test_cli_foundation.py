@@ -19,7 +19,8 @@ HEAVY = ("torch", "scipy", "pyscipopt", "gymnasium", "metaworld", "numpy", "netw
 FAST_ARGS = {
     "env": [],
     "onemax-sim": ["--mode", "worst-case", "--theta", "16", "--lam", "0.5"],
-    # fast-args:fope-train
+    "fope-train": ["--no-save", "--steps", "2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1",
+                   "--batch-size", "2", "--train-length", "16", "--eval-factors", "1,2", "--eval-samples", "2"],
     "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
     "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
     "reopt": ["demo", "--time-limit", "0.5"],

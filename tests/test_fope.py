@@ -1,0 +1,268 @@
+"""fope-train: exact FoPE construction, RoPE equivalence, frozen per-head/per-layer coefficients,
+save/load, data splits, and the CLI (tiny models only)."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from icmltools.fope import FourierEmbedding, kept_count_formula, kept_frequencies, step_eye
+from icmltools.fope.data import PasskeyTask, default_corpus, load_text
+from icmltools.fope.model import build_model, parse_pes
+from icmltools.fope.train import RunConfig, load_checkpoint, train_one
+from icmltools.nn import RotaryEmbedding, TransformerConfig
+from icmltools.nn.position import apply_rotary
+
+torch.set_num_threads(1)
+
+TINY = ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--steps", "3", "--batch-size", "2",
+        "--eval-samples", "2", "--train-length", "16", "--eval-factors", "1,2"]
+
+
+# ------------------------------------------------------------------------------------------ construction
+
+
+@pytest.mark.parametrize("hd,N,expected", [(32, 64, 5), (32, 128, 6), (64, 512, 16), (64, 1024, 18),
+                                           (128, 512, 31), (16, 64, 3), (32, 4, 0)])
+def test_kept_frequency_count(hd, N, expected):
+    """D = #{i : theta^(-2i/hd) >= 2 pi / N}; hand values and the closed form agree."""
+    assert len(kept_frequencies(hd, N)) == expected
+    assert kept_count_formula(hd, N) == expected
+    if expected:
+        f = FourierEmbedding(hd, 2, N)
+        assert (f.d_in, f.d_out) == (expected, min(expected, hd // 4))
+        assert f.sin_coef.shape == (2, expected, min(expected, hd // 4))
+
+
+def test_kept_frequencies_are_those_with_period_within_N():
+    hd, N = 64, 200
+    keep = kept_frequencies(hd, N)
+    allf = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    assert torch.all(2 * math.pi / keep <= N)
+    dropped = allf[len(keep):]
+    assert torch.all(2 * math.pi / dropped > N)
+
+
+def test_step_eye():
+    e = step_eye(1, 5, 2)[0]
+    assert e.tolist() == [[1, 0], [0, 0], [0, 0], [0, 1], [0, 0]]
+    assert torch.equal(step_eye(3, 4, 4)[2], torch.eye(4))
+
+
+def test_sigma0_no_clip_equals_rope_exactly():
+    """FoPE with sigma = 0 and no clipping is RoPE: same rotated q, k and the same attention logits."""
+    torch.manual_seed(0)
+    hd, H = 16, 4
+    rope = RotaryEmbedding(hd)
+    fope = FourierEmbedding(hd, H, train_length=64, sigma=0.0, clip_floor=False)
+    q, k = torch.randn(2, H, 40, hd), torch.randn(2, H, 40, hd)
+    qr, kr = rope(q, k)
+    qf, kf = fope(q, k)
+    assert torch.equal(qr, qf) and torch.equal(kr, kf)
+    assert torch.equal(qr @ kr.transpose(-1, -2), qf @ kf.transpose(-1, -2))
+
+
+def test_sigma0_no_clip_model_logits_equal_rope():
+    cfg = TransformerConfig(d_model=32, n_layers=2, n_heads=2, vocab_size=40)
+    m_rope = build_model("rope", cfg, 32, seed=3).eval()
+    from icmltools.nn import DecoderStack
+
+    torch.manual_seed(3)
+    m_f = DecoderStack(cfg, lambda i: FourierEmbedding(16, 2, 32, sigma=0.0, clip_floor=False)).eval()
+    m_f.load_state_dict(m_rope.state_dict(), strict=False)
+    x = torch.randint(0, 40, (2, 50))
+    with torch.no_grad():
+        assert torch.allclose(m_rope(x), m_f(x), atol=1e-6, rtol=0)
+
+
+def test_fope_cf_is_clip_floor_with_step_eye_and_pads():
+    f = FourierEmbedding(32, 2, train_length=64, sigma=0.0, clip_floor=True)   # D = 5, d = 5
+    assert torch.equal(f.sin_coef, step_eye(2, 5, 5)) and torch.equal(f.cos_coef, step_eye(2, 5, 5))
+    cos, sin = f.cos_sin(10)
+    assert cos.shape == (1, 2, 10, 32)
+    # the kept frequencies rotate exactly as RoPE's first 5; the 11 dropped ones are padded with 1.0
+    r_cos, r_sin = RotaryEmbedding(32).cos_sin(10)
+    assert torch.allclose(cos[0, 0, :, :5], r_cos[0, 0, :, :5]) and torch.allclose(sin[0, 0, :, :5], r_sin[0, 0, :, :5])
+    assert torch.all(cos[..., 5:16] == 1.0) and torch.all(sin[..., 5:16] == 1.0)
+    v = FourierEmbedding(32, 2, train_length=64, sigma=0.0, pad="vllm")
+    c2, s2 = v.cos_sin(10)
+    assert torch.all(c2[..., 5:16] == 1.0) and torch.all(s2[..., 5:16] == 0.0)
+
+
+def test_xavier_gain_sigma():
+    g = torch.Generator().manual_seed(0)
+    f = FourierEmbedding(128, 64, train_length=512, sigma=0.3, clip_floor=False, generator=g)  # (64, 64, 64)
+    noise = f.sin_coef - step_eye(64, 64, 64)
+    expected = 0.3 * math.sqrt(2.0 / (64 * 64 + 64 * 64))   # torch xavier fans of an (H, D, d) tensor
+    assert noise.std().item() == pytest.approx(expected, rel=0.02)
+
+
+def test_q_and_k_share_coefficients():
+    torch.manual_seed(0)
+    f = FourierEmbedding(16, 2, 64, sigma=0.5)
+    assert sorted(n for n, _ in f.named_buffers() if n.endswith("coef")) == ["cos_coef", "sin_coef"]
+    q, k = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    cos, sin = f.cos_sin(20)
+    qf, kf = f(q, k)
+    assert torch.allclose(qf, apply_rotary(q, cos, sin)) and torch.allclose(kf, apply_rotary(k, cos, sin))
+    assert not torch.allclose(cos[0, 0], cos[0, 1])   # per head
+
+
+def test_coefficients_frozen_distinct_and_survive_save_load(tmp_path):
+    cfg = RunConfig(train_length=16, d_model=16, n_heads=2, n_layers=2, steps=3, batch_size=2, eval_samples=2)
+    task = PasskeyTask(2)
+    cfg = RunConfig(**{**cfg.to_dict(), "task": "passkey", "train_length": 32, "passkey_digits": 2})
+    model0 = build_model("fope", cfg.model_config(task.vocab_size), cfg.train_length, seed=0)
+    before = {n: b.clone() for n, b in model0.named_buffers() if n.endswith("_coef")}
+    assert len(before) == 4                                        # sin + cos per layer
+    assert not any(n.endswith("_coef") for n, _ in model0.named_parameters())
+    model, rec = train_one("fope", cfg, task, "cpu", seed=0, ckpt_dir=tmp_path / "fope")
+    after = {n: b for n, b in model.named_buffers() if n.endswith("_coef")}
+    for n in before:
+        assert torch.equal(before[n], after[n]), n                 # frozen through training
+        assert not after[n].requires_grad
+    l0, l1 = after["blocks.0.attn.pos_emb.sin_coef"], after["blocks.1.attn.pos_emb.sin_coef"]
+    assert not torch.equal(l0, l1)                                  # per layer
+    assert not torch.equal(l0[0], l0[1])                            # per head
+    loaded, meta = load_checkpoint(tmp_path / "fope")
+    for n, b in loaded.named_buffers():
+        if n.endswith("_coef"):
+            assert torch.equal(b, after[n])
+    assert meta["pe"] == "fope" and meta["step"] == 3
+    x = torch.randint(0, task.vocab_size, (1, 30))
+    with torch.no_grad():
+        assert torch.equal(model(x), loaded(x))
+
+
+def test_shared_weights_identical_across_pes():
+    cfg = TransformerConfig(d_model=16, n_layers=1, n_heads=2, vocab_size=10)
+    a = build_model("rope", cfg, 16, seed=5).state_dict()
+    b = build_model("fope", cfg, 16, seed=5).state_dict()
+    for k, v in a.items():
+        assert torch.equal(v, b[k]), k
+
+
+def test_parse_pes():
+    assert parse_pes("rope, FoPE,rope") == ["rope", "fope"]
+    assert len(parse_pes("all")) == 6
+    from icmltools.core.errors import BadInputError
+
+    with pytest.raises(BadInputError):
+        parse_pes("rope,xpos")
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def test_passkey_batch_structure():
+    t = PasskeyTask(5)
+    x, ans = t.batch(4, 60, torch.Generator().manual_seed(0))
+    assert x.shape == (4, 61)
+    for b in range(4):
+        words = t.decode(x[b]).split()
+        key = words[-5:]
+        i = words.index("pass")
+        assert words[i + 3:i + 8] == key                 # "The pass key is K ..."
+        assert " ".join(words[-15:-5]) == "What is the pass key ? The pass key is"
+        assert t.decode(x[b, 1:][ans[b]]).split() == key
+
+
+def test_default_corpus_split_by_file_and_hash():
+    d = default_corpus()
+    assert d.info["train_files"] + d.info["val_files"] == d.info["files"]
+    assert d.info["val_files"] > 0 and d.val.size > 10_000
+    assert len(d.info["sha256"]) == 64
+    assert default_corpus().info["sha256"] == d.info["sha256"]
+
+
+@pytest.mark.parametrize("content,msg", [(b"", "empty"), (b"ab\0cd" * 100, "binary"), (b"\xff\xfe\x00\x81" * 10, "binary"),
+                                         (b"abc\xff\xfedef" * 50, "UTF-8")])
+def test_load_text_rejects(tmp_path, content, msg):
+    from icmltools.core.errors import BadInputError
+
+    p = tmp_path / "t.txt"
+    p.write_bytes(content)
+    with pytest.raises(BadInputError, match=msg):
+        load_text(p)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def test_cli_compare_contract_and_eval_roundtrip(run_cli, tmp_path):
+    out = tmp_path / "run"
+    res, doc = run_cli(["fope-train", "-q", "--pe", "rope,fope,alibi", "--extend", "pi,yarn", "--out", str(out), *TINY])
+    r = doc["result"]
+    assert [m["pe"] for m in r["methods"]] == ["rope", "rope+pi", "rope+yarn", "fope", "alibi"]
+    for m in r["methods"]:
+        assert [e["length"] for e in m["eval"]] == [16, 32]
+        assert all(math.isfinite(e["loss"]) for e in m["eval"])
+    assert len(r["data"]["sha256"]) == 64
+    assert (out / "fope" / "model.safetensors").is_file() and (out / "result.json").is_file()
+    assert doc["device"]["resolved"] == "cpu" and "cpu_seconds" in r
+    # eval mode at new lengths, and RoPE + YaRN
+    _, ev = run_cli(["fope-train", "-q", "--eval", str(out / "fope"), "--eval-factors", "1,3", "--eval-samples", "2"])
+    m = ev["result"]["methods"][0]
+    assert m["pe"] == "fope" and [e["length"] for e in m["eval"]] == [16, 48]
+    assert m["eval"][0]["loss"] == pytest.approx(r["methods"][3]["eval"][0]["loss"], abs=1e-5)
+    _, ey = run_cli(["fope-train", "-q", "--eval", str(out / "rope"), "--extend", "yarn", "--eval-factors", "2",
+                     "--eval-samples", "2"])
+    assert ey["result"]["methods"][0]["pe"] == "rope+yarn"
+    assert ey["result"]["methods"][0]["eval"][0]["loss"] == pytest.approx(r["methods"][2]["eval"][1]["loss"], abs=1e-5)
+
+
+def test_cli_passkey_reports_accuracy(run_cli):
+    _, doc = run_cli(["fope-train", "-q", "--task", "passkey", "--pe", "fope-cf,fope-fs,nope", "--no-save",
+                      "--passkey-digits", "2", *TINY[:-4], "--train-length", "32", "--eval-factors", "1,2"])
+    for m in doc["result"]["methods"]:
+        assert all(0.0 <= e["passkey_acc"] <= 1.0 for e in m["eval"])
+
+
+def test_cli_resume(run_cli, tmp_path):
+    out = tmp_path / "r"
+    run_cli(["fope-train", "-q", "--pe", "fope", "--out", str(out), *TINY])
+    cfg = json.loads((out / "fope" / "config.json").read_text())
+    assert cfg["step"] == 3
+    _, doc = run_cli(["fope-train", "-q", "--pe", "fope", "--out", str(out), "--resume", *TINY])
+    assert doc["result"]["methods"][0]["train"]["resumed_from"] == 3
+
+
+def _one_error_line(res):
+    assert "Traceback" not in res.stderr
+    assert sum(line.startswith("Error:") for line in res.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("args", [
+    ["--pe", "rope,xpos"],
+    ["--device", "cuda"] if not torch.cuda.is_available() else ["--pe", "bogus"],
+    ["--eval-factors", "1,-2"],
+    ["--train-length", "2000000"],
+    ["--train-length", "60000", "--eval-factors", "1"],   # would not fit in memory: refused up front
+])
+def test_cli_bad_input(run_cli, args):
+    res, _ = run_cli(["fope-train", "-q", "--no-save", *TINY, *args], expect_code=2)
+    _one_error_line(res)
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\x01\x02garbage\xff" * 100, b"short text"])
+def test_cli_bad_text(run_cli, tmp_path, content):
+    p = tmp_path / "in.txt"
+    p.write_bytes(content)
+    out = tmp_path / "o"
+    res, _ = run_cli(["fope-train", "-q", "--text", str(p), "--out", str(out), *TINY], expect_code=2)
+    _one_error_line(res)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_cli_corrupt_checkpoint(run_cli, tmp_path):
+    out = tmp_path / "c"
+    run_cli(["fope-train", "-q", "--pe", "rope", "--out", str(out), *TINY])
+    st = out / "rope" / "model.safetensors"
+    st.write_bytes(st.read_bytes()[:100])
+    res, _ = run_cli(["fope-train", "-q", "--eval", str(out / "rope")], expect_code=2)
+    _one_error_line(res)
+    assert "safetensors" in res.stderr
+    (out / "rope" / "config.json").write_text("{not json")
+    res, _ = run_cli(["fope-train", "-q", "--eval", str(out / "rope")], expect_code=2)
+    _one_error_line(res)
