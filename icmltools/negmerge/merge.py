@@ -217,43 +217,159 @@ def open_and_check(base: CheckpointReader, candidates: Sequence[CheckpointReader
         raise BadInputError(f"{base.path}: no floating-point tensor to merge")
 
 
+class BufferPool:
+    """Flat tensors reused across tensors of the model (allocation and page faults dominate otherwise)."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.bufs: dict = {}
+
+    def get(self, key: str, shape, dtype):
+        import torch
+
+        numel = 1
+        for s_ in shape:
+            numel *= int(s_)
+        b = self.bufs.get(key)
+        if b is None or b.dtype != dtype or b.numel() < numel:
+            self.bufs.pop(key, None)
+            b = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
+            self.bufs[key] = b
+        return b[:numel].view(tuple(shape))
+
+
+class _Accumulator:
+    """Merges task vectors arriving one at a time into reused buffers.
+
+    negmerge, uniform, magmax and task_arithmetic need O(1) buffers whatever N is; TIES keeps a copy
+    of each task vector of the current tensor (its sign election needs all of them)."""
+
+    def __init__(self, cfg: MergeConfig, n: int, shape, dtype, pool: BufferPool, name: str):
+        import torch
+
+        self.cfg, self.n, self.name, self.pool = cfg, n, name, pool
+        self.i = 0
+        m = cfg.method
+        if m in ("negmerge", "uniform", "task_arithmetic"):
+            self.total = pool.get("total", shape, dtype)
+        if m == "negmerge":
+            cnt = torch.int16 if n < 2**15 else torch.int32
+            self.pos = pool.get("pos", shape, cnt)
+            self.neg = pool.get("neg", shape, cnt)
+            self.tb = pool.get("tb", shape, torch.bool)
+            self.pos.zero_()
+            self.neg.zero_()
+        if m == "magmax":
+            self.best = pool.get("best", shape, dtype)
+        self.kept_list: list = []
+
+    def wants(self, i: int) -> bool:
+        return self.cfg.method != "task_arithmetic" or i == self.cfg.index
+
+    def add(self, tau, j: int):
+        """Add candidate j's task vector (j seeds its DARE mask, as in :func:`merge_tensor`)."""
+        import torch
+
+        cfg, i = self.cfg, self.i
+        self.i += 1
+        if cfg.dare_p > 0:
+            g = torch.Generator(device=tau.device)
+            g.manual_seed((cfg.seed * 1_000_003 + zlib.crc32(self.name.encode()) * 131 + j) % (2**63))
+            tau = dare_tensor(tau, cfg.dare_p, g)
+        m = cfg.method
+        if m in ("negmerge", "uniform"):
+            if i == 0:
+                self.total.copy_(tau)
+            else:
+                self.total.add_(tau)
+            if m == "negmerge":
+                torch.gt(tau, 0, out=self.tb)
+                self.pos.add_(self.tb)
+                torch.lt(tau, 0, out=self.tb)
+                self.neg.add_(self.tb)
+        elif m == "task_arithmetic":
+            self.total.copy_(tau)
+        elif m == "magmax":
+            if i == 0:
+                self.best.copy_(tau)
+            else:
+                self.best.copy_(torch.where(tau.abs() > self.best.abs(), tau, self.best))
+        elif m == "ties":
+            self.kept_list.append(tau.clone())
+        else:
+            raise BadInputError(f"unknown merge method {m!r}")
+
+    def finish(self):
+        """(merged tau, kept count); the tensor may live in a reused buffer."""
+        import torch
+
+        m = self.cfg.method
+        if m == "negmerge":
+            n = self.n
+            mask = torch.eq(self.pos, n, out=self.tb)
+            mask.logical_or_(self.neg == n)
+            self.total.div_(n)
+            self.total.masked_fill_(mask.logical_not_(), 0)
+            return self.total, int(self.tb.numel() - self.tb.sum())
+        if m == "uniform":
+            self.total.div_(self.n)
+            return self.total, int(torch.count_nonzero(self.total))
+        if m == "task_arithmetic":
+            return self.total, int(torch.count_nonzero(self.total))
+        if m == "magmax":
+            return self.best, int(torch.count_nonzero(self.best))
+        merged, kept = ties_tensor(self.kept_list, self.cfg.ties_k)
+        self.kept_list = []
+        return merged, kept
+
+
 def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
                 names: Sequence[str], device: str = "cpu", stats: MergeStats | None = None,
-                progress: Callable | None = None):
-    """Yield (name, base tensor, merged tau or None) tensor by tensor; at most one tensor per candidate
-    is held at a time. tau is in the compute dtype on `device`; None for integer/bool tensors."""
+                progress: Callable | None = None, reuse: bool = False):
+    """Yield (name, base tensor, merged tau or None) tensor by tensor, reading one candidate tensor at a time.
+
+    tau is in the compute dtype on `device`; None for integer/bool tensors (copied from the base). With
+    `reuse=True` the yielded tensors live in buffers reused for the next tensor: consume them first.
+    """
     import torch
 
     total = len(names)
     t0 = time.perf_counter()
+    cpu_pool = BufferPool("cpu")
+    dev_pool = cpu_pool if device == "cpu" else BufferPool(device)
     for i, name in enumerate(names):
-        b = base.get(name)
-        if stats is not None:
-            stats.bytes_read += b.numel() * b.element_size()
-        if not is_float_dtype(b.dtype):
+        spec = base.specs[name]
+        if not is_float_dtype(spec.dtype):
+            b = base.get(name)
             if stats is not None:
+                stats.bytes_read += spec.nbytes
                 stats.skipped_non_float.append(name)
             yield name, b, None
         else:
-            cd = compute_dtype(b.dtype)
-            bd = b.to(device=device, dtype=cd)
-            taus = []
-            for c in candidates:
-                t = c.get(name)
-                if tuple(t.shape) != tuple(b.shape) or t.dtype != b.dtype:  # specs were checked; belt and braces
-                    raise BadInputError(f"{c.path}: tensor {name!r} does not match the base in shape or dtype")
-                if stats is not None:
-                    stats.bytes_read += t.numel() * t.element_size()
-                taus.append(t.to(device=device, dtype=cd) - bd)
-                del t
+            shape, cd = tuple(spec.shape), compute_dtype(spec.dtype)
+            same = cd == spec.dtype and device == "cpu"
+            b = base.get_into(name, cpu_pool.get("raw_base", shape, spec.dtype))
+            bd = b if same else dev_pool.get("base_c", shape, cd).copy_(b)
+            acc = _Accumulator(cfg, len(candidates), shape, cd, dev_pool, name)
             with torch.no_grad():
-                merged, kept = merge_tensor(taus, cfg, name=name, device=device)
-            del taus
+                for j, c in enumerate(candidates):
+                    if not acc.wants(j):
+                        continue
+                    raw = c.get_into(name, cpu_pool.get("raw_cand", shape, spec.dtype))
+                    tau = raw if same else dev_pool.get("tau", shape, cd).copy_(raw)
+                    tau.sub_(bd)
+                    acc.add(tau, j)
+                    if stats is not None:
+                        stats.bytes_read += spec.nbytes
+                merged, kept = acc.finish()
+            if not reuse:
+                b, merged = b.clone(), merged.clone()
             if stats is not None:
-                stats.numel += b.numel()
+                stats.bytes_read += spec.nbytes
+                stats.numel += spec.numel
                 stats.kept += kept
                 stats.n_tensors += 1
-                stats.per_tensor[name] = (b.numel(), kept)
+                stats.per_tensor[name] = (spec.numel, kept)
             yield name, b, merged
         if stats is not None:
             stats.seconds = time.perf_counter() - t0
@@ -273,12 +389,21 @@ def merge_to_checkpoint(base: CheckpointReader, candidates: Sequence[CheckpointR
                         lam: float, out_path, fmt: str = "same", device: str = "cpu", record: dict | None = None,
                         progress: Callable | None = None) -> MergeStats:
     """Stream base - lam * merge(tau_i) into `out_path` (atomic; base's format unless `fmt` says otherwise)."""
+    import torch
+
     open_and_check(base, candidates, cfg)
     stats = MergeStats(cfg.method, len(candidates))
     record = {**default_record(base, candidates, cfg, lam), **(record or {})}
+    pool = BufferPool(device)
     with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
-        for name, b, tau in iter_merged(base, candidates, cfg, w.order, device, stats, progress):
-            w.write(name, negate_into(b, tau, lam))
+        for name, b, tau in iter_merged(base, candidates, cfg, w.order, device, stats, progress, reuse=True):
+            if tau is None:
+                w.write(name, b)
+                continue
+            bd = b if (b.dtype == tau.dtype and b.device == tau.device) else pool.get("bd", b.shape, tau.dtype).copy_(b)
+            scaled = torch.mul(tau, lam, out=pool.get("scaled", b.shape, tau.dtype))
+            res = torch.sub(bd, scaled, out=pool.get("res", b.shape, tau.dtype))  # = negate_into(b, tau, lam)
+            w.write(name, res if (res.dtype == b.dtype and res.device.type == "cpu") else res.to("cpu", b.dtype))
     return stats
 
 

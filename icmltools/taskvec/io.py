@@ -116,6 +116,14 @@ class CheckpointReader:
     def get(self, name: str):
         raise NotImplementedError
 
+    def get_into(self, name: str, out):
+        """Read tensor `name` into the preallocated contiguous tensor `out` (same shape and dtype); returns `out`.
+
+        Merges call this with reused buffers so that streaming never allocates per tensor.
+        """
+        out.copy_(self.get(name))
+        return out
+
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs.values())
@@ -151,17 +159,47 @@ class _SafetensorsFile:
         except Exception as e:  # SafetensorError on bad/short headers, OSError on unreadable files
             raise BadInputError(f"{self.path}: corrupt or truncated safetensors file ({str(e).splitlines()[0][:200]})") from e
         # safetensors keeps keys sorted; storage order (by offset) is what a faithful rewrite keeps
+        self.offsets: dict[str, tuple[int, int]] = {}
+        self.data_start = 0
         self.order = self._storage_order()
 
     def _storage_order(self) -> list[str]:
+        """Tensor names by file offset; also records the byte ranges used by :meth:`get_into`."""
         try:
             with open(self.path, "rb") as fh:
                 (n,) = struct.unpack("<Q", fh.read(8))
                 header = json.loads(fh.read(n))
-            offs = {k: v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
-            return sorted(self.specs, key=lambda k: (offs.get(k, 0), k))
-        except Exception:  # the header was already validated by safetensors; order is cosmetic
+            self.data_start = 8 + n
+            self.offsets = {k: tuple(v["data_offsets"]) for k, v in header.items() if k != "__metadata__"}
+            return sorted(self.specs, key=lambda k: (self.offsets.get(k, (0, 0))[0], k))
+        except Exception:  # the header was already validated by safetensors; fall back to safe_open reads
+            self.offsets = {}
             return list(self.specs)
+
+    def get_into(self, name: str, out):
+        """Read the tensor's bytes straight into `out` (positioned read; the range was validated by safe_open)."""
+        import torch
+
+        rng = self.offsets.get(name)
+        spec = self.specs[name]
+        if rng is None or out.dtype != spec.dtype or tuple(out.shape) != tuple(spec.shape) or not out.is_contiguous() \
+                or out.device.type != "cpu":
+            out.copy_(self.get(name))
+            return out
+        a, b = rng
+        if b - a != spec.nbytes:
+            raise BadInputError(f"{self.path}: tensor {name!r} has {b - a} bytes for {spec.nbytes} expected")
+        if b > a:
+            mv = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.data_start + a)
+                    got = fh.readinto(mv)
+            except OSError as e:
+                raise BadInputError(f"{self.path}: cannot read tensor {name!r} ({e})") from e
+            if got != b - a:
+                raise BadInputError(f"{self.path}: truncated while reading tensor {name!r}")
+        return out
 
     def get(self, name: str):
         from safetensors import safe_open
@@ -186,6 +224,9 @@ class SafetensorsReader(CheckpointReader):
     def get(self, name):
         return self._file.get(name)
 
+    def get_into(self, name, out):
+        return self._file.get_into(name, out)
+
 
 def _unwrap_state_dict(obj, path: Path, unwrap_keys=("state_dict", "model")) -> dict:
     import torch
@@ -208,12 +249,17 @@ def _torch_load_lazy(path: Path) -> dict:
     """weights_only load, memory-mapped when the file allows it; errors come from core's safe_torch_load."""
     import torch
 
+    import warnings
+
     p = _check_file(path)
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:
-        # not a zip checkpoint (legacy format), or bad: the core loader loads it or raises the clear error
-        obj = safe_torch_load(p)
+    with warnings.catch_warnings():
+        # torch warns about pickle protocols on stderr; the outcome (tensors or a clear error) is what counts
+        warnings.simplefilter("ignore")
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:
+            # not a zip checkpoint (legacy format), or bad: the core loader loads it or raises the clear error
+            obj = safe_torch_load(p)
     return _unwrap_state_dict(obj, p)
 
 
@@ -294,6 +340,13 @@ class ShardedReader(CheckpointReader):
     def get(self, name):
         f = self._files[self._where[name]]
         return f.get(name) if isinstance(f, _SafetensorsFile) else f[name]
+
+    def get_into(self, name, out):
+        f = self._files[self._where[name]]
+        if isinstance(f, _SafetensorsFile):
+            return f.get_into(name, out)
+        out.copy_(f[name])
+        return out
 
     def close(self):
         self._files = {}
@@ -509,7 +562,7 @@ class CheckpointWriter:
             spec = self.base.specs[name]
             if tuple(tensor.shape) != tuple(spec.shape) or tensor.dtype != spec.dtype:
                 raise RuntimeError(f"tensor {name!r}: wrong shape/dtype for the output")
-            self._collected[name] = tensor.detach().to("cpu").contiguous()
+            self._collected[name] = tensor.detach().to("cpu").clone()  # callers may reuse their buffers
         self._cur_left.pop(0)
         if not self._cur_left:
             self._next_shard()

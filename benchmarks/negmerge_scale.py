@@ -1,0 +1,235 @@
+"""Scale benchmark of `icml negmerge`: a ~1 GB safetensors base and N=10 candidates on disk.
+
+Measures, each in a fresh subprocess (peak RSS = the child's own VmHWM from /proc/self/status):
+  read    - reading every tensor of the 11 files once through the same lazy reader (the I/O floor),
+  stream  - the streamed NegMerge (icmltools.negmerge.merge.merge_to_checkpoint, lambda = 1),
+  naive   - a plain torch merge that loads all 11 state_dicts (safetensors.torch.load_file), merges with
+            torch.stack per tensor and saves with save_file.
+Then checks that the two merged files are identical, deletes everything it wrote, and prints one JSON
+document. Files live in a temporary folder under /tmp (warm page cache: they were just written).
+
+    python benchmarks/negmerge_scale.py                 # ~1 GB x 11 files, ~12 GB of /tmp while running
+    python benchmarks/negmerge_scale.py --size-gb 0.1   # a quick smoke run
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIDE = 4096
+
+
+def _vm(key: str) -> int:
+    """VmHWM / VmRSS of this process in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def _mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def _layout(size_gb: float):
+    """~size_gb of float32: square weight matrices plus small biases and one integer buffer."""
+    n_big = max(1, round(size_gb * 1e9 / (SIDE * SIDE * 4)))
+    side = SIDE if size_gb >= 0.5 else max(256, int((size_gb * 1e9 / 4 / n_big) ** 0.5))
+    specs = []
+    for i in range(n_big):
+        specs.append((f"layers.{i}.weight", (side, side)))
+        specs.append((f"layers.{i}.bias", (side,)))
+    return specs
+
+
+def generate(folder: Path, size_gb: float, n: int) -> dict:
+    """Base and n candidates; candidate i = base + 0.01 * (shifted shared noise) + a small bias of its own,
+    written tensor by tensor so generation never holds a whole model."""
+    import torch
+
+    from icmltools.taskvec import CheckpointReader, CheckpointWriter, TensorSpec
+
+    specs = _layout(size_gb)
+
+    class Gen(CheckpointReader):
+        format = "safetensors"
+
+        def __init__(self, which: int):
+            super().__init__(Path(f"<gen {which}>"))
+            self.which = which
+            self.specs = {k: TensorSpec(k, torch.float32, s) for k, s in specs}
+            self.specs["step"] = TensorSpec("step", torch.int64, ())
+            self.shards = [(None, list(self.specs))]
+
+        def get(self, name):
+            if name == "step":
+                return torch.tensor(1000 + max(self.which, 0))
+            seed = sum(map(ord, name))
+            g = torch.Generator().manual_seed(seed)
+            base = torch.randn(self.specs[name].shape, generator=g)
+            if self.which < 0:
+                return base
+            noise = torch.randn(self.specs[name].shape, generator=g).reshape(-1)
+            return base + 0.01 * (noise.roll(7919 * self.which).reshape(base.shape) + 0.3 + 0.05 * self.which)
+
+    paths = {"base": folder / "base.safetensors", "candidates": []}
+    t0 = time.perf_counter()
+    for which in [-1] + list(range(n)):
+        p = paths["base"] if which < 0 else folder / f"cand_{which:02d}.safetensors"
+        g = Gen(which)
+        with CheckpointWriter(g, p) as w:
+            for name in w.order:
+                w.write(name, g.get(name))
+        if which >= 0:
+            paths["candidates"].append(p)
+    return {"seconds": time.perf_counter() - t0, "file_bytes": os.path.getsize(paths["base"]),
+            "paths": paths}
+
+
+# --------------------------------------------------------------------------------------------- children
+
+
+def child(mode: str, folder: Path, n: int) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    base = folder / "base.safetensors"
+    cands = [folder / f"cand_{i:02d}.safetensors" for i in range(n)]
+    rss_after_imports = None
+    t0 = time.perf_counter()
+    if mode == "read":
+        from icmltools.taskvec import open_checkpoint
+
+        rss_after_imports = _vm("VmRSS")
+        t0 = time.perf_counter()
+        total = 0
+        readers = [open_checkpoint(p) for p in [base] + cands]
+        for name in readers[0].keys():
+            for r in readers:
+                t = r.get(name)
+                total += t.numel() * t.element_size()
+                del t
+        nbytes = total
+    elif mode == "stream":
+        from icmltools.negmerge import merge as M
+        from icmltools.taskvec import open_checkpoint
+
+        rss_after_imports = _vm("VmRSS")
+        t0 = time.perf_counter()
+        stats = M.merge_to_checkpoint(open_checkpoint(base), [open_checkpoint(p) for p in cands], M.MergeConfig(),
+                                      1.0, folder / "out_stream.safetensors")
+        nbytes = stats.bytes_read
+    elif mode == "naive":
+        from safetensors.torch import load_file, save_file
+
+        rss_after_imports = _vm("VmRSS")
+        t0 = time.perf_counter()
+        b = load_file(str(base))
+        cs = [load_file(str(p)) for p in cands]
+        out = {}
+        for k, v in b.items():
+            if not v.is_floating_point():
+                out[k] = v
+                continue
+            st = torch.stack([c[k] for c in cs]) - v
+            mask = torch.sign(st).sum(0).abs() == len(cs)
+            tau = torch.where(mask, st.sum(0) / len(cs), torch.zeros(()))
+            out[k] = v - 1.0 * tau
+            del st, mask, tau
+        save_file(out, str(folder / "out_naive.safetensors"))
+        nbytes = sum(os.path.getsize(p) for p in [base] + cands)
+    elif mode == "compare":
+        from icmltools.taskvec import open_checkpoint
+
+        a, b2 = open_checkpoint(folder / "out_stream.safetensors"), open_checkpoint(folder / "out_naive.safetensors")
+        worst = 0.0
+        equal = set(a.keys()) == set(b2.keys())
+        for k in a.keys():
+            x, y = a.get(k), b2.get(k)
+            if x.is_floating_point():
+                worst = max(worst, float((x - y).abs().max()))
+            else:
+                equal &= bool(torch.equal(x, y))
+        return {"same_keys_and_buffers": equal, "max_abs_diff": worst}
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    dt = time.perf_counter() - t0
+    return {"seconds": round(dt, 3), "bytes": nbytes, "gb_per_s": round(nbytes / 1e9 / dt, 3),
+            "peak_rss_gb": round(_vm("VmHWM") / 1e9, 3), "rss_after_imports_gb": round(rss_after_imports / 1e9, 3)}
+
+
+def run_child(mode: str, folder: Path, n: int, timeout: float) -> dict:
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(root))
+    p = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(folder), "--n", str(n)],
+                       capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300], "returncode": p.returncode}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size-gb", type=float, default=1.0, help="size of each model (float32)")
+    ap.add_argument("--n", type=int, default=10, help="number of candidates")
+    ap.add_argument("--tmp", default="/tmp", help="parent folder of the temporary files")
+    ap.add_argument("--skip-naive", action="store_true", help="do not run the load-everything baseline")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child, Path(a.dir), a.n)))
+        return
+    import torch
+
+    torch.set_num_threads(1)
+    folder = Path(tempfile.mkdtemp(prefix="negmerge_scale_", dir=a.tmp))
+    doc: dict = {"benchmark": "negmerge_scale", "config": {"size_gb": a.size_gb, "n_candidates": a.n,
+                 "threads": 1, "dtype": "float32", "page_cache": "warm (files just written)"}}
+    try:
+        gen = generate(folder, a.size_gb, a.n)
+        model_bytes = gen["file_bytes"]
+        doc["generate"] = {"seconds": round(gen["seconds"], 2), "model_gb": round(model_bytes / 1e9, 3),
+                           "total_gb_on_disk": round(model_bytes * (a.n + 1) / 1e9, 3)}
+        doc["read"] = run_child("read", folder, a.n, 1800)
+        doc["stream"] = run_child("stream", folder, a.n, 1800)
+        need = model_bytes * (a.n + 3)
+        if a.skip_naive:
+            doc["naive"] = {"skipped": "--skip-naive"}
+        elif _mem_available() < need + 3e9:
+            doc["naive"] = {"skipped": f"needs ~{need / 1e9:.1f} GB, only {_mem_available() / 1e9:.1f} GB available"}
+        else:
+            doc["naive"] = run_child("naive", folder, a.n, 1800)
+            if "error" not in doc["naive"]:
+                doc["outputs"] = run_child("compare", folder, a.n, 1800)
+        s, r, nv = doc["stream"], doc["read"], doc.get("naive", {})
+        ratios = {}
+        if "gb_per_s" in s and "gb_per_s" in r:
+            ratios["stream_over_read_throughput"] = round(s["gb_per_s"] / r["gb_per_s"], 3)
+        if "gb_per_s" in s and "gb_per_s" in nv:
+            ratios["stream_over_naive_throughput"] = round(s["gb_per_s"] / nv["gb_per_s"], 3)
+            ratios["naive_over_stream_peak_rss"] = round(nv["peak_rss_gb"] / s["peak_rss_gb"], 3)
+        if "peak_rss_gb" in s:
+            ratios["stream_peak_rss_over_model_size"] = round(s["peak_rss_gb"] * 1e9 / model_bytes, 3)
+            doc["target_peak_rss_below_2_5_gb"] = s["peak_rss_gb"] < 2.5
+        doc["ratios"] = ratios
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        doc["cleaned_up"] = not folder.exists()
+    print(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    main()
