@@ -382,3 +382,39 @@ def test_bad_inputs(tmp_path, run_cli):
     # nothing half-written
     _bad(run_cli, ["-f", str(tmp_path / "nan.npy"), "--labels", yp, "--indices-out", str(tmp_path / "o.txt")], "NaN")
     assert not (tmp_path / "o.txt").exists()
+
+
+def test_float32_inputs_select_like_float64(engine):
+    """float32 features run the distance passes in float32 (as the official code); same selections here."""
+    vs, y = blobs(n_per=(60, 70, 50), sep=1.0, seed=4, views=2)
+    vs = [X + 300.0 for X in vs]  # a large common offset: centring keeps float32 exact enough
+    a, _ = S.select_many(["ram-apl", "min", "concat"], vs, y, 3, [0.1, 0.5], engine=engine)
+    b, _ = S.select_many(["ram-apl", "min", "concat"], [X.astype(np.float32) for X in vs], y, 3, [0.1, 0.5],
+                         engine=engine)
+    for s, t in zip(a, b):
+        np.testing.assert_array_equal(s.indices, t.indices, err_msg=f"{s.method} {s.rate}")
+
+
+def test_cli_evaluate_with_test_split_and_scores(tmp_path, run_cli):
+    vs, y = blobs(n_per=(40, 40, 40), sep=1.0, views=2, seed=6)
+    paths, yp = _write(tmp_path, [X[:90] for X in vs], y[:90])
+    tpaths = []
+    for k, X in enumerate(vs):
+        np.save(tmp_path / f"t{k}.npy", X[90:].astype(np.float32))
+        tpaths += ["--test-features", str(tmp_path / f"t{k}.npy")]
+    np.save(tmp_path / "ty.npy", y[90:])
+    _, doc = run_cli(["subset-select", "-q", "-f", paths[0], "-f", paths[1], "--labels", yp, "--evaluate",
+                      "-m", "ram-apl", "-r", "0.5", "--seeds", "1", "--test-labels", str(tmp_path / "ty.npy")]
+                     + tpaths)
+    res = doc["result"]
+    assert res["n_train"] == 90 and res["n_test"] == 30 and res["evaluation"][0]["n_selected"] == sum(
+        round(n * 0.5) for n in np.bincount(y[:90]))
+    _, doc = run_cli(["subset-select", "-q", "-f", paths[0], "-f", paths[1], "--labels", yp, "-r", "0.5",
+                      "--scores-out", str(tmp_path / "sc.npy")])
+    sc = np.load(tmp_path / "sc.npy")
+    assert sc.shape == (90, 2) and set(np.unique(sc[:, 1])) <= {0.0, 0.5, 1.0}
+    w1, w2 = S.weights(0.5)
+    score = w1 * sc[:, 0] + w2 * sc[:, 1]
+    want = np.concatenate([np.flatnonzero(y[:90] == c)[np.argsort(score[y[:90] == c], kind="stable")[
+        :round(int((y[:90] == c).sum()) * 0.5)]] for c in range(3)])
+    assert doc["result"]["selections"][0]["indices"] == sorted(want.tolist())

@@ -213,11 +213,12 @@ def _view_index(spec: str, ds: Dataset) -> int:
                         f"(views: {', '.join(ds.view_names)})")
 
 
-def pinned_threads():
+def pinned_threads(sklearn: bool = True):
     """Pin BLAS/OpenMP pools *after* loading scikit-learn and scipy: threadpoolctl only limits libraries
     already loaded, and unpinned lbfgs fits were measured 25x slower on a loaded 2-core machine."""
-    import scipy.optimize  # noqa: F401  (loads scipy's BLAS)
-    import sklearn.linear_model  # noqa: F401  (loads sklearn's OpenMP runtime)
+    if sklearn:
+        import scipy.optimize  # noqa: F401  (loads scipy's BLAS)
+        import sklearn.linear_model  # noqa: F401  (loads sklearn's OpenMP runtime)
     import torch
     from threadpoolctl import threadpool_limits
 
@@ -226,7 +227,8 @@ def pinned_threads():
 
 def run(cfg: Config, engine: Engine, stream=None) -> tuple[dict, dict]:
     """The whole command: embedded or user data; selection or evaluation mode (BLAS threads pinned)."""
-    with pinned_threads():
+    needs_sklearn = bool(cfg.evaluate) or not cfg.features  # evaluation, or the embedded digits views
+    with pinned_threads(sklearn=needs_sklearn):
         return _run(cfg, engine, stream)
 
 

@@ -28,56 +28,73 @@ class Engine:
             return self.chunk_rows
         return int(max(1024, min(262144, (8 * 2**20) // max(d, 1))))
 
-    def _block(self, X, s: int, e: int, dtype=None):
+    def work_dtype(self, X):
+        """float64 for float64 inputs, else float32 (as the official code), always on centred data."""
         t = self.torch
-        if self.device.type == "cpu":  # one writable float64 copy of the chunk
-            return t.from_numpy(np.array(X[s:e], dtype=np.float64))
-        arr = np.array(X[s:e])  # ship the native dtype, convert on the device
-        return t.from_numpy(arr).to(self.device).to(dtype or t.float64)
+        return t.float64 if np.dtype(X.dtype) == np.float64 else t.float32
+
+    def _block(self, X, s: int, e: int, dtype):
+        """Rows s:e as a writable tensor of `dtype` on the device."""
+        t = self.torch
+        if self.device.type == "cpu":
+            return t.from_numpy(np.array(X[s:e], dtype=t.empty(0, dtype=dtype).numpy().dtype))
+        return t.from_numpy(np.array(X[s:e])).to(self.device).to(dtype)
 
     # ------------------------------------------------------------------ full-data passes
     def class_means(self, X, labels: np.ndarray, n_classes: int, name: str = "features"):
-        """Per-class means (float64, C x d) in one chunked pass; also rejects NaN/inf rows."""
+        """Per-class means (float64, C x d) in one chunked pass; also rejects NaN/inf rows.
+
+        Rows are shifted by the first row before summing (per-chunk partial sums in the working dtype,
+        accumulated in float64), so large common offsets cost no precision."""
         t = self.torch
         n, d = X.shape
+        wd = self.work_dtype(X)
+        shift64 = t.from_numpy(np.array(X[0], dtype=np.float64)).to(self.device)
+        shift = shift64.to(wd)
         sums = t.zeros(n_classes, d, dtype=t.float64, device=self.device)
         lab = t.from_numpy(np.asarray(labels, dtype=np.int64)).to(self.device)
         step = self.rows(d)
         for s in range(0, n, step):
             e = min(n, s + step)
-            blk = self._block(X, s, e)
+            blk = self._block(X, s, e, wd)
             finite = t.isfinite(blk).all(dim=1)
             if not bool(finite.all()):
                 bad = s + int(t.nonzero(~finite)[0, 0])
                 raise BadInputError(f"{name}: row {bad} holds NaN or inf")
-            sums.index_add_(0, lab[s:e], blk)
+            blk -= shift
+            part = t.zeros(n_classes, d, dtype=wd, device=self.device).index_add_(0, lab[s:e], blk)
+            sums += part.to(t.float64)
             self.progress(f"class means ({name})", e, n)
         counts = t.bincount(lab, minlength=n_classes).to(t.float64)
-        return sums / counts[:, None]
+        return sums / counts[:, None] + shift64
 
     def nearest_mean(self, X, labels: np.ndarray, means, name: str = "features"):
         """For every row: index of the nearest class mean (Euclidean) and the distance to its own class mean.
 
-        The N x C distances are computed chunk by chunk in float64 on features centred on the mean of the
-        class means (exact translation invariance, no cancellation from large offsets); the own-class
-        distance is the norm of the explicit difference.
+        Chunked N x C distances on features centred on the mean of the class means (translation
+        invariant, no cancellation from large offsets), in float32 for float32 inputs (as the official
+        code) and float64 otherwise; the own-class distance is the norm of the explicit difference.
         """
         t = self.torch
         n, d = X.shape
+        wd = self.work_dtype(X)
         lab = t.from_numpy(np.asarray(labels, dtype=np.int64)).to(self.device)
         centre = means.mean(dim=0, keepdim=True)
-        mc = means - centre
-        mc_sq = (mc * mc).sum(dim=1)
+        mc64 = means - centre
+        mc = mc64.to(wd)
+        mc_sq = (mc64 * mc64).sum(dim=1).to(wd)
+        centre = centre.to(wd)
         pred = np.empty(n, dtype=np.int64)
         own = np.empty(n, dtype=np.float64)
         step = self.rows(d)
         for s in range(0, n, step):
             e = min(n, s + step)
-            blk = self._block(X, s, e) - centre
-            d2 = mc_sq[None, :] - 2.0 * (blk @ mc.T)  # + ||x||^2, same for every class
+            blk = self._block(X, s, e, wd)
+            blk -= centre
+            d2 = t.addmm(mc_sq[None, :], blk, mc.T, alpha=-2.0)  # + ||x||^2, the same for every class
             pred[s:e] = d2.argmin(dim=1).cpu().numpy()
-            diff = blk - mc[lab[s:e]]
-            own[s:e] = t.linalg.vector_norm(diff, dim=1).cpu().numpy()
+            blk -= mc[lab[s:e]]
+            own[s:e] = t.linalg.vector_norm(blk, dim=1).cpu().numpy()
             self.progress(f"nearest class mean ({name})", e, n)
         return pred, own
 
