@@ -116,11 +116,14 @@ def child(mode: str, folder: Path, n: int) -> dict:
         t0 = time.perf_counter()
         total = 0
         readers = [open_checkpoint(p) for p in [base] + cands]
+        buf = None
         for name in readers[0].keys():
-            for r in readers:
-                t = r.get(name)
-                total += t.numel() * t.element_size()
-                del t
+            spec = readers[0].specs[name]
+            if buf is None or buf.numel() < spec.numel or buf.dtype != spec.dtype:
+                buf = torch.empty(max(spec.numel, 1), dtype=spec.dtype)
+            for r in readers:  # the same positioned reads into a reused buffer as the merge
+                r.get_into(name, buf[: spec.numel].view(spec.shape))
+                total += spec.nbytes
         nbytes = total
     elif mode == "stream":
         from icmltools.negmerge import merge as M

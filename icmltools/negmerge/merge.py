@@ -74,15 +74,17 @@ def negmerge_tensor(taus: Sequence):
     mask = signs.abs() == n
     del signs
     merged = torch.where(mask, total / n, torch.zeros((), dtype=total.dtype, device=total.device))
-    return merged, int(mask.sum())
+    return merged, int(torch.count_nonzero(mask))
 
 
 def uniform_tensor(taus: Sequence):
+    import torch
+
     total = taus[0].clone()
     for t in taus[1:]:
         total += t
     merged = total / len(taus)
-    return merged, int((merged != 0).sum())
+    return merged, int(torch.count_nonzero(merged))
 
 
 def magmax_tensor(taus: Sequence):
@@ -92,7 +94,7 @@ def magmax_tensor(taus: Sequence):
     best = taus[0].clone()
     for t in taus[1:]:
         best = torch.where(t.abs() > best.abs(), t, best)
-    return best, int((best != 0).sum())
+    return best, int(torch.count_nonzero(best))
 
 
 def _trim_top_k(t, k: float):
@@ -130,7 +132,7 @@ def ties_tensor(taus: Sequence, k: float = 0.2):
         acc += torch.where(agree, t, torch.zeros((), dtype=t.dtype, device=t.device))
         cnt += agree.to(acc.dtype)
     merged = acc / cnt.clamp(min=1)
-    return merged, int((cnt > 0).sum())
+    return merged, int(torch.count_nonzero(cnt))
 
 
 def dare_tensor(t, p: float, generator):
@@ -159,7 +161,7 @@ def merge_tensor(taus: Sequence, cfg: MergeConfig, name: str = "", device: str =
         return negmerge_tensor(taus)
     if m == "task_arithmetic":
         t = taus[cfg.index]
-        return t, int((t != 0).sum())
+        return t, int(torch.count_nonzero(t))
     if m == "uniform":
         return uniform_tensor(taus)
     if m == "ties":
@@ -253,12 +255,10 @@ class _Accumulator:
         if m in ("negmerge", "uniform", "task_arithmetic"):
             self.total = pool.get("total", shape, dtype)
         if m == "negmerge":
-            cnt = torch.int16 if n < 2**15 else torch.int32
-            self.pos = pool.get("pos", shape, cnt)
-            self.neg = pool.get("neg", shape, cnt)
+            # all N share a strict sign  <=>  min_i tau_i > 0 or max_i tau_i < 0  (NaN never kept)
+            self.mn = pool.get("min", shape, dtype)
+            self.mx = pool.get("max", shape, dtype)
             self.tb = pool.get("tb", shape, torch.bool)
-            self.pos.zero_()
-            self.neg.zero_()
         if m == "magmax":
             self.best = pool.get("best", shape, dtype)
         self.kept_list: list = []
@@ -283,10 +283,12 @@ class _Accumulator:
             else:
                 self.total.add_(tau)
             if m == "negmerge":
-                torch.gt(tau, 0, out=self.tb)
-                self.pos.add_(self.tb)
-                torch.lt(tau, 0, out=self.tb)
-                self.neg.add_(self.tb)
+                if i == 0:
+                    self.mn.copy_(tau)
+                    self.mx.copy_(tau)
+                else:
+                    torch.minimum(self.mn, tau, out=self.mn)
+                    torch.maximum(self.mx, tau, out=self.mx)
         elif m == "task_arithmetic":
             self.total.copy_(tau)
         elif m == "magmax":
@@ -305,12 +307,11 @@ class _Accumulator:
 
         m = self.cfg.method
         if m == "negmerge":
-            n = self.n
-            mask = torch.eq(self.pos, n, out=self.tb)
-            mask.logical_or_(self.neg == n)
-            self.total.div_(n)
+            mask = torch.gt(self.mn, 0, out=self.tb)
+            mask.logical_or_(self.mx < 0)
+            self.total.div_(self.n)
             self.total.masked_fill_(mask.logical_not_(), 0)
-            return self.total, int(self.tb.numel() - self.tb.sum())
+            return self.total, int(self.tb.numel() - torch.count_nonzero(self.tb))
         if m == "uniform":
             self.total.div_(self.n)
             return self.total, int(torch.count_nonzero(self.total))
