@@ -247,6 +247,13 @@ def test_gnn_predictor_runs(obj_series):
     res = solve_vpor(paths[4], hist, SolveConfig(time_limit=1.0, predictor="gnn", device="cpu"), milps)
     assert res.feasible is True
     assert res.details["gnn"]["pairs"] == 3 and res.details["gnn"]["epochs"] >= 1
+    # the net fits the history: BCE well below its starting value ln 2 = 0.69
+    from icmltools.reopt.predict import predict_gnn, train_gnn
+
+    net, info = train_gnn(milps, hist, epochs=60, seed=0)
+    assert info["epochs"] == 60 and info["final_loss"] < 0.45, info
+    pred = predict_gnn(net, read_milp(paths[4]), hist)
+    assert np.all((pred.p >= 0) & (pred.p <= 1)) and len(pred.p) == len(pred.names)
 
 
 def test_history_cache_and_parallel_jobs(tmp_path, obj_series):

@@ -141,9 +141,19 @@ class _Adam:
                 p.sub_(self.lr * mh / (vh.sqrt() + self.eps))
 
 
-def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = "cpu", decay: float = 0.8,
-                   epochs: int = 150, seed: int = 0, deadline=None, threads: int | None = 1) -> tuple[Prediction, dict]:
-    """Train the bipartite GNN on the history series and predict P(x=1) for the new instance."""
+def _tensors(torch, feat, device):
+    xv, xc, ri, ci, w = feat
+    return (torch.from_numpy(xv).to(device), torch.from_numpy(xc).to(device),
+            torch.from_numpy(np.asarray(ri, dtype=np.int64)).to(device),
+            torch.from_numpy(np.asarray(ci, dtype=np.int64)).to(device), torch.from_numpy(w).to(device))
+
+
+def train_gnn(history_milps: list, history: list, device: str = "cpu", decay: float = 0.8, epochs: int = 100,
+              seed: int = 0, deadline=None, threads: int | None = 1):
+    """Train the bipartite GNN on the history series (offline: before the new instance arrives).
+
+    Training pairs: features of history instance k with the solution of k-1 (and the marginals of
+    0..k-1) -> the solution of k, binaries only. Returns (net or None, info)."""
     try:
         import torch
     except ImportError as e:  # pragma: no cover
@@ -152,41 +162,36 @@ def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = 
         raise MissingDependencyError("--predictor gnn needs torch") from e
     import time
 
-    base = marginal_prediction(new.var_names, new.vtype, new.lb, new.ub, history, decay)
+    t0 = time.perf_counter()
     info = {"predictor": "gnn", "pairs": 0, "epochs": 0, "device": device}
     pairs = []
     for k in range(1, len(history)):
-        hm = history_milps[k]
+        hm = history_milps[k] if k < len(history_milps) else None
         if hm is None or history[k] is None or history[k - 1] is None:
             continue
         names = hm.var_names
         prev = history_matrix(names, [history[k - 1]])[0]
-        marg = marginal_prediction(names, hm.vtype, hm.lb, hm.ub, history[:k], decay).p
+        known = [h for h in history[:k] if h is not None]
+        marg = marginal_prediction(names, hm.vtype, hm.lb, hm.ub, known, decay).p
         y = history_matrix(names, [history[k]])[0]
         mask = (hm.vtype == "B") & ~np.isnan(y)
         pairs.append((_features(hm, prev, marg), np.nan_to_num(y), mask))
+    info["pairs"] = len(pairs)
     if len(pairs) < 2:
-        info["fallback"] = "fewer than 3 solved history instances; marginal prediction used"
-        return base, info
+        info["fallback"] = "fewer than 2 consecutive solved history pairs; marginal prediction used"
+        return None, info
     if threads:
         torch.set_num_threads(threads)  # many threads on small graphs and shared cores: 10-20x slower
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     net = _build_net(torch).to(device)
     opt = _Adam(torch, list(net.parameters()), lr=5e-3)
-
-    def tens(feat):
-        xv, xc, ri, ci, w = feat
-        return (torch.from_numpy(xv).to(device), torch.from_numpy(xc).to(device),
-                torch.from_numpy(np.asarray(ri, dtype=np.int64)).to(device),
-                torch.from_numpy(np.asarray(ci, dtype=np.int64)).to(device), torch.from_numpy(w).to(device))
-
-    data = [(tens(f), torch.from_numpy(y.astype(np.float32)).to(device), torch.from_numpy(m).to(device))
-            for f, y, m in pairs]
+    data = [(_tensors(torch, f, device), torch.from_numpy(y.astype(np.float32)).to(device),
+             torch.from_numpy(m).to(device)) for f, y, m in pairs]
     lossf = torch.nn.BCEWithLogitsLoss()
     loss_v = float("nan")
     for ep in range(epochs):
-        if deadline is not None and time.perf_counter() > deadline:
+        if ep > 0 and deadline is not None and time.perf_counter() > deadline:
             break
         for i in torch.randperm(len(data), generator=g).tolist():
             (xv, xc, ri, ci, w), y, m = data[i]
@@ -198,13 +203,31 @@ def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = 
             opt.step()
             loss_v = float(loss.detach())
         info["epochs"] = ep + 1
-    info["pairs"] = len(pairs)
     info["final_loss"] = loss_v
-    prev = history_matrix(new.var_names, [history[-1]])[0]
+    info["train_s"] = round(time.perf_counter() - t0, 4)
+    return net, info
+
+
+def predict_gnn(net, new: Milp, history: list, device: str = "cpu", decay: float = 0.8) -> Prediction:
+    """P(x=1) for the new instance's binaries from the trained net; marginal intervals for integers."""
+    import torch
+
+    known = [h for h in history if h is not None]
+    base = marginal_prediction(new.var_names, new.vtype, new.lb, new.ub, known, decay)
+    if net is None or not known:
+        return base
+    prev = history_matrix(new.var_names, [known[-1]])[0]
     with torch.no_grad():
-        p = torch.sigmoid(net(*tens(_features(new, prev, base.p)))).cpu().numpy().astype(float)
-    pred = Prediction(base.names, base.kind, np.where(base.kind == "B", p, base.p), base.lo, base.hi, base.lb, base.ub)
-    return pred, info
+        p = torch.sigmoid(net(*_tensors(torch, _features(new, prev, base.p), device))).cpu().numpy().astype(float)
+    return Prediction(base.names, base.kind, np.where(base.kind == "B", p, base.p), base.lo, base.hi, base.lb,
+                      base.ub)
+
+
+def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = "cpu", decay: float = 0.8,
+                   epochs: int = 100, seed: int = 0, deadline=None, threads: int | None = 1) -> tuple[Prediction, dict]:
+    """Train on the history, then predict for `new` (both steps in one call)."""
+    net, info = train_gnn(history_milps, history, device, decay, epochs, seed, deadline, threads)
+    return predict_gnn(net, new, history, device, decay), info
 
 
 def check_names(new_names: list, other_names: list, what: str, new_label: str) -> None:
