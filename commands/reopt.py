@@ -203,7 +203,7 @@ def series(ctx, test_file, method, time_limit, first, max_instances, jsonl, fix_
     methods = list(METHODS) if "all" in method else list(dict.fromkeys(method))
     with _run(ctx, seed, device, threads) as run:
         spec = parse_test_file(test_file)
-        tl = time_limit or spec["timeout"] or 10.0
+        tl = time_limit if time_limit is not None else (spec["timeout"] if spec["timeout"] is not None else 10.0)
         tl = api.check_time_limit(tl, "[TIMEOUT] / --time-limit")
         cfg = _cfg(tl, fix_ratio, submip_limit, groups, prior_strength, decay, predictor, seed,
                    _device(run, predictor), run.verbose, threads)

@@ -339,3 +339,13 @@ def test_cli_bad_input(run_cli, tmp_path, obj_series):
         SolveConfig(time_limit=0).validate()
     res, _ = run_cli(["reopt", "-q", "bench", "--modes", "rhs,foo"], expect_code=2)
     assert "foo" in res.stderr
+    t = tmp_path / "mixed.test"
+    t.write_text(f"[TIMEOUT] 1\n{inst[0]}\n{other}\n")
+    res, _ = run_cli(["reopt", "-q", "series", str(t)], expect_code=2)
+    assert "different variable names" in _one_error_line(res)
+    t.write_text(f"[TIMEOUT] 0\n{inst[0]}\n{inst[1]}\n")
+    res, _ = run_cli(["reopt", "-q", "series", str(t)], expect_code=2)
+    assert "TIMEOUT" in _one_error_line(res)
+    t.write_text(f"[TIMEOUT] 1\n{inst[0]}\nnot_there.mps\n")
+    res, _ = run_cli(["reopt", "-q", "series", str(t)], expect_code=2)
+    assert "not_there.mps" in _one_error_line(res)

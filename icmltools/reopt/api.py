@@ -66,7 +66,7 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=("v
     with_milps = cfg.predictor == "gnn"
     jobs_list = [(m, str(new_path), hist, replace(cfg), [str(p) for p in history_paths], with_milps) for m in methods]
     results = pool_map(_solve_job, jobs_list, jobs, progress, "methods")
-    sense = results[0].sense if results else "minimize"
+    sense = next((r.sense for r in results if r.status != "not_applicable"), "minimize")
     if reference is not None:
         for r in results:
             score(r, reference, cfg.time_limit)

@@ -80,6 +80,18 @@ def run_series(test_path, methods=("vpor", "scip", "warm", "reopt"), cfg: SolveC
     paths = spec["instances"][: max_instances] if max_instances else spec["instances"]
     if not (1 <= first < len(paths)):
         raise BadInputError(f"--first {first} must be in [1, {len(paths) - 1}] for a series of {len(paths)} instances")
+    from .milp import read_model
+    from .predict import check_names
+
+    def names(path):
+        model = read_model(path)
+        out = [v.name for v in model.getVars()]
+        del model
+        return out
+
+    first_names = names(paths[0])
+    for p in paths[1:]:
+        check_names(first_names, names(p), f"series instance {paths[0]}", f"series instance {p}")
     hl = history_limit or cfg.time_limit
     hist = solve_history(paths, hl, cfg.seed, cache_dir, jobs, progress)
     sols = [h["values"] if h.get("feasible") else None for h in hist]
