@@ -243,19 +243,22 @@ def test_cli_merge_keeps_base_format(tmp_path, run_cli, fmt):
 def test_cli_lambda_grid_with_eval_command(tmp_path, run_cli):
     base, cands, bpath, cpaths = _write_models(tmp_path)
     script = tmp_path / "ev.py"
-    # forget accuracy falls with lambda (mean of a.w moves), retain falls more slowly
+    # reads a.w with numpy only (fast start); forget accuracy falls with lambda, retain more slowly
     script.write_text(
-        "import sys, json\nfrom safetensors.torch import load_file\n"
-        f"ref = load_file({bpath!r})['a.w']\n"
-        "d = (load_file(sys.argv[1])['a.w'] - ref).abs().mean().item()\n"
+        "import sys, json, struct\nimport numpy as np\n"
+        "def aw(p):\n"
+        "    b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])\n"
+        "    s, e = h['a.w']['data_offsets']; return np.frombuffer(b[8 + n + s:8 + n + e], dtype='<f4')\n"
+        f"d = float(np.abs(aw(sys.argv[1]) - aw({bpath!r})).mean())\n"
         "print(json.dumps({'forget_acc': 1 - d, 'retain_acc': 1 - d / 4}))\n")
-    args = ["negmerge", "-q", "--base", bpath, "--lam-grid", "0:2:0.5", "--eval-cmd", f"{sys.executable} {script}",
+    args = ["negmerge", "-q", "--base", bpath, "--lam-grid", "0,0.5,1,2", "--eval-cmd", f"{sys.executable} {script}",
             "--out", str(tmp_path / "run")]
     for c in cpaths:
         args += ["-c", c]
     res, doc = run_cli(args)
     ls = doc["result"]["lambda_search"]
-    assert [r["lam"] for r in ls["rows"]] == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert [r["lam"] for r in ls["rows"]] == [0.0, 0.5, 1.0, 2.0]
+    assert ls["rows"][2]["forget_acc"] < ls["rows"][1]["forget_acc"] < ls["rows"][0]["forget_acc"]
     feasible = [r for r in ls["rows"] if r["retain_acc"] >= 0.95 * ls["original"]["retain_acc"]]
     assert ls["selected_lam"] == min(feasible, key=lambda r: r["forget_acc"])["lam"]
     assert doc["result"]["lam"] == ls["selected_lam"]
@@ -309,35 +312,41 @@ def test_cli_bad_inputs_leave_nothing(tmp_path, run_cli):
 # --------------------------------------------------------------------------------------------- demo
 
 
-def test_cli_demo_tiny_contract(run_cli):
-    res, doc = run_cli(["negmerge", "-q", "--preset", "tiny", "--methods", "negmerge,uniform"])
-    methods = {m["method"]: m for m in doc["result"]["methods"]}
+@pytest.fixture(scope="module")
+def demo_doc():
+    """The bare command's demo (quick preset = the spec's task and 27 candidates) on seed 1, via the CLI."""
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    res = CliRunner().invoke(cli, ["negmerge", "-q", "--seed", "1", "--device", "cpu"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr[-2000:]
+    assert res.stdout.count("\n") == 1
+    return json.loads(res.stdout)
+
+
+def test_demo_contract(demo_doc):
+    methods = {m["method"]: m for m in demo_doc["result"]["methods"]}
     assert set(methods) == {"original", "retrain", "task_arithmetic_best", "task_arithmetic_median",
-                            "negmerge", "uniform"}
+                            "negmerge", "uniform", "ties", "magmax"}
     for m in methods.values():
         for k in ("forget_acc", "retain_acc", "test_acc", "mia", "avg_gap"):
             assert isinstance(m[k], float) and 0 <= m[k] <= 100
     assert methods["retrain"]["avg_gap"] == 0.0
-    assert 0 < methods["negmerge"]["kept_fraction"] < 1
-    assert res.stdout.count("\n") == 1
+    assert len(demo_doc["result"]["candidates"]) == 27
+    assert demo_doc["seed"] == 1 and demo_doc["device"]["resolved"] == "cpu"
 
 
-@pytest.fixture(scope="module")
-def demo_seed1():
-    from icmltools.negmerge import demo
+def test_demo_effect_fixed_seed(demo_doc):
+    """Seed 1: NegMerge forgets, keeps retain >= 0.95 x original, and beats the median single task vector.
 
-    return demo.run_demo(demo.DemoConfig(), [1])
-
-
-def test_demo_effect_fixed_seed(demo_seed1):
-    """Quick preset (the spec's demo), seed 1: NegMerge forgets, keeps retain, and beats the median single TV."""
-    m = {r["method"]: r for r in demo_seed1["methods"]}
+    Measured on seeds 0/1/2: Avg.Gap NegMerge 8.07/8.70/10.74 vs median single 8.54/14.02/13.31."""
+    m = {r["method"]: r for r in demo_doc["result"]["methods"]}
     orig, nm, med = m["original"], m["negmerge"], m["task_arithmetic_median"]
     assert orig["forget_acc"] > 95  # the original memorised the forget set
     assert nm["forget_acc"] < orig["forget_acc"] - 10
     assert nm["retain_acc"] >= 0.95 * orig["retain_acc"]
-    assert nm["avg_gap"] < med["avg_gap"]
-    assert len(demo_seed1["candidates"]) == 27
+    assert nm["avg_gap"] < med["avg_gap"] - 2
     assert 0 < nm["kept_fraction"] < 0.5
 
 
