@@ -17,7 +17,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -87,6 +86,7 @@ def main(argv=None) -> int:
     ap.add_argument("--passkey-steps", type=int, default=600)
     ap.add_argument("--passkey-length", type=int, default=64)
     ap.add_argument("--extend", default="pi,yarn")
+    ap.add_argument("--no-speed", action="store_true", help="skip the interleaved step-time measurement")
     ap.add_argument("--out", default=None, help="also write the (partial, then final) JSON here")
     args = ap.parse_args(argv)
 
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
                 if r and f and key.startswith("passkey_acc"):
                     cmp[f"{key}_fope_minus_rope"] = f["mean"] - r["mean"]
             entry["fope_vs_rope"] = cmp
-    if "text" in tasks:
+    if not args.no_speed:
         log("interleaved step timing rope vs fope")
         doc["speed"] = time_steps(make_config("quick"), corpus)
     doc["wall_s"] = time.perf_counter() - t0

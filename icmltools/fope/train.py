@@ -12,7 +12,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -416,6 +416,7 @@ def run_compare(pes, cfg: RunConfig, data, device: str, seed: int = 0, out_dir: 
         import torch.distributed as tdist
 
         tdist.barrier()
+        tdist.destroy_process_group()
     result = {"task": cfg.task, "train_length": cfg.train_length, "eval_lengths": cfg.eval_lengths(),
               "methods": methods, "config": cfg.to_dict(), "world_size": dist.world}
     rope = next((m for m in methods if m["pe"] == "rope"), None)
