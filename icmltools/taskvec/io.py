@@ -591,6 +591,7 @@ class CheckpointWriter:
         except BaseException:
             self._cleanup_tmpdir()
             raise
+        _apply_umask(self.path)
         return False
 
     def _abort(self, exc_type, exc, tb):
@@ -618,6 +619,19 @@ class CheckpointWriter:
             doc = {"metadata": meta, "weight_map": {n: f for f, names in self.layout for n in names}}
             atomic_write_json(self.tmpdir / index_name, doc)
         atomic_write_json(self.tmpdir / "icml_record.json", self.record)
+
+
+def _apply_umask(path: Path) -> None:
+    """Temp files are created 0600; give the finished output the permissions of a normally created file."""
+    mask = os.umask(0)
+    os.umask(mask)
+    try:
+        paths = [path, *path.rglob("*")] if path.is_dir() else [path, sidecar_path(path)]
+        for p in paths:
+            if p.exists():
+                os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+    except OSError:  # permissions are cosmetic; never fail a finished write over them
+        pass
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
