@@ -163,6 +163,10 @@ def test_hf_folder_errors(tmp_path):
     (tmp_path / "hf" / "model-00002-of-00002.safetensors").unlink()
     with pytest.raises(BadInputError, match="missing"):
         open_checkpoint(tmp_path / "hf")
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"enc.w": "../outside.safetensors"}}))
+    with pytest.raises(BadInputError, match="plain file name"):
+        open_checkpoint(tmp_path / "hf")
     (tmp_path / "hf" / "model.safetensors.index.json").write_text("{not json")
     with pytest.raises(BadInputError, match="index JSON"):
         open_checkpoint(tmp_path / "hf")

@@ -311,6 +311,8 @@ class ShardedReader(CheckpointReader):
             self.index_metadata = dict(doc.get("metadata") or {})
             shard_names = {}
             for k, f in wmap.items():
+                if not isinstance(f, str) or not f or Path(f).name != f or f in (".", ".."):
+                    raise BadInputError(f"{index}: shard {f!r} of tensor {k!r} is not a plain file name in the folder")
                 shard_names.setdefault(f, []).append(k)
         self._files: dict[str, object] = {}
         self._where: dict[str, str] = {}
