@@ -153,6 +153,13 @@ def test_atomic_write_keeps_old_file_on_error(tmp_path):
             raise RuntimeError("interrupted")
     assert p.read_text() == "old"
     assert sorted(x.name for x in tmp_path.iterdir()) == ["out.txt"]
+    assert p.stat().st_mode & 0o777 == 0o666 & ~_current_umask()
+
+
+def _current_umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 def test_device_resolution():
