@@ -72,7 +72,7 @@ def load_user(cfg: Config) -> tuple[Dataset, list]:
         # .npy files stay on disk (memory-mapped per pass); other formats are already in memory
         views.append(_lazy(spec) if isinstance(X, np.memmap) else X)
         del X
-    io.validate([_shape_only(v) for v in views], labels, names)
+    io.validate([_shape_only(v) for v in views], labels, names, classes)
     ds = Dataset(name="user", views=views, view_names=names, labels=labels, n_classes=len(classes),
                  class_names=classes)
     return ds, classes

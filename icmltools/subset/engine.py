@@ -21,6 +21,8 @@ class Engine:
         self.device = torch.device(device)
         self.chunk_rows = int(chunk_rows)
         self.progress = progress or (lambda desc, done, total: None)
+        # accumulation dtype: float64, except on MPS which has no float64
+        self.acc = torch.float32 if self.device.type == "mps" else torch.float64
 
     def rows(self, d: int) -> int:
         """Rows per chunk: about 64 MB of float64 per block unless set explicitly."""
@@ -31,7 +33,7 @@ class Engine:
     def work_dtype(self, X):
         """float64 for float64 inputs, else float32 (as the official code), always on centred data."""
         t = self.torch
-        return t.float64 if np.dtype(X.dtype) == np.float64 else t.float32
+        return t.float64 if (np.dtype(X.dtype) == np.float64 and self.acc == t.float64) else t.float32
 
     def _block(self, X, s: int, e: int, dtype):
         """Rows s:e as a writable tensor of `dtype` on the device."""
@@ -49,9 +51,9 @@ class Engine:
         t = self.torch
         n, d = X.shape
         wd = self.work_dtype(X)
-        shift64 = t.from_numpy(np.array(X[0], dtype=np.float64)).to(self.device)
+        shift64 = t.from_numpy(np.array(X[0], dtype=np.float64)).to(self.acc).to(self.device)
         shift = shift64.to(wd)
-        sums = t.zeros(n_classes, d, dtype=t.float64, device=self.device)
+        sums = t.zeros(n_classes, d, dtype=self.acc, device=self.device)
         lab = t.from_numpy(np.asarray(labels, dtype=np.int64)).to(self.device)
         step = self.rows(d)
         for s in range(0, n, step):
@@ -63,9 +65,9 @@ class Engine:
                 raise BadInputError(f"{name}: row {bad} holds NaN or inf")
             blk -= shift
             part = t.zeros(n_classes, d, dtype=wd, device=self.device).index_add_(0, lab[s:e], blk)
-            sums += part.to(t.float64)
+            sums += part.to(self.acc)
             self.progress(f"class means ({name})", e, n)
-        counts = t.bincount(lab, minlength=n_classes).to(t.float64)
+        counts = t.bincount(lab, minlength=n_classes).to(self.acc)
         return sums / counts[:, None] + shift64
 
     def nearest_mean(self, X, labels: np.ndarray, means, name: str = "features"):
@@ -85,7 +87,7 @@ class Engine:
         mc_sq = (mc64 * mc64).sum(dim=1).to(wd)
         centre = centre.to(wd)
         pred = np.empty(n, dtype=np.int64)
-        own = np.empty(n, dtype=np.float64)
+        own = np.empty(n, dtype=np.float64)  # filled from the working dtype
         step = self.rows(d)
         for s in range(0, n, step):
             e = min(n, s + step)
@@ -137,7 +139,7 @@ class Engine:
         t = self.torch
         n = Xc.shape[0]
         budget = min(budget, n)
-        mu = Xc.double().mean(dim=0).float()
+        mu = Xc.to(self.acc).mean(dim=0).float()
         sq = (Xc * Xc).sum(dim=1)
         ssum = t.zeros_like(mu)
         taken = t.zeros(n, dtype=t.bool, device=Xc.device)
@@ -163,7 +165,7 @@ class Engine:
         budget = min(budget, n)
         norms = t.linalg.vector_norm(Xc, dim=1, keepdim=True)
         U = t.where(norms > 0, Xc / norms.clamp_min(1e-30), t.zeros_like(Xc))
-        m_all = U.double().sum(dim=0)
+        m_all = U.to(self.acc).sum(dim=0)
         s_sel = t.zeros_like(m_all)
         taken = t.zeros(n, dtype=t.bool, device=Xc.device)
         order = []
@@ -173,5 +175,5 @@ class Engine:
             p = int(t.argmax(gain))
             order.append(p)
             taken[p] = True
-            s_sel = s_sel + U[p].double()
+            s_sel = s_sel + U[p].to(self.acc)
         return np.asarray(order, dtype=np.int64)

@@ -187,7 +187,7 @@ def encode_labels(labels: np.ndarray, name: str = "labels") -> tuple[np.ndarray,
     return codes.astype(np.int64).reshape(-1), [c.item() if hasattr(c, "item") else c for c in classes]
 
 
-def validate(views: list, labels: np.ndarray, names: list[str]) -> None:
+def validate(views: list, labels: np.ndarray, names: list[str], classes: list | None = None) -> None:
     """Row counts agree across views and labels; every class has at least two samples."""
     n = len(labels)
     for v, nm in zip(views, names):
@@ -197,8 +197,9 @@ def validate(views: list, labels: np.ndarray, names: list[str]) -> None:
     counts = np.bincount(labels)
     if np.any(counts < 2):
         bad = int(np.flatnonzero(counts < 2)[0])
-        raise BadInputError(f"labels: class index {bad} has {int(counts[bad])} sample; every class needs at least "
-                            "two samples for class means and ranks")
+        what = f"class {classes[bad]!r}" if classes is not None else f"class index {bad}"
+        raise BadInputError(f"labels: {what} has {int(counts[bad])} sample; every class needs at least "
+                            "two samples for class means and ranks (a CSV header? name the column as FILE:COLUMN)")
 
 
 def check_finite(view: np.ndarray, name: str, chunk: int = 65536) -> None:
