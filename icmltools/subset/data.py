@@ -63,7 +63,8 @@ def digits(views: int = 3, test_fraction: float = 0.25, split_seed: int = 0) -> 
 
 
 def synthetic(views: int = 3, n_super: int = 5, n_sub: int = 4, per_class: int = 150, per_class_test: int = 50,
-              latent_dim: int = 32, view_dim: int = 64, atypical: float = 0.1, seed: int = 0) -> Dataset:
+              latent_dim: int = 32, view_dim: int = 64, atypical: float = 0.1, sub_scale: float = 0.5,
+              seed: int = 0) -> Dataset:
     """A fine-grained toy problem: `n_super` super-classes, each split into `n_sub` close sub-classes (the
     labels). Latent x = super centre + sub offset + noise; a fraction `atypical` of samples has 3x the
     noise (hard, often ambiguous samples). Each extractor view is a different random linear map of the
@@ -73,7 +74,7 @@ def synthetic(views: int = 3, n_super: int = 5, n_sub: int = 4, per_class: int =
     rng = np.random.default_rng(seed)
     C = n_super * n_sub
     supers = rng.normal(0, 1, (n_super, latent_dim)) * 2.5
-    subs = supers.repeat(n_sub, axis=0) + rng.normal(0, 1, (C, latent_dim)) * 0.9
+    subs = supers.repeat(n_sub, axis=0) + rng.normal(0, 1, (C, latent_dim)) * sub_scale
 
     def sample(m):
         y = np.repeat(np.arange(C), m)
