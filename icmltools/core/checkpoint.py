@@ -11,21 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInputError
+from .files import check_input_file
 from .jsonio import atomic_path
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
-
-
-def _check_file(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise BadInputError(f"{p}: no such file")
-    if not p.is_file():
-        raise BadInputError(f"{p}: not a regular file")
-    if p.stat().st_size == 0:
-        raise BadInputError(f"{p}: file is empty")
-    return p
 
 
 def safe_torch_load(path: str | os.PathLike, map_location: str = "cpu") -> Any:
@@ -34,7 +24,7 @@ def safe_torch_load(path: str | os.PathLike, map_location: str = "cpu") -> Any:
 
     import torch
 
-    p = _check_file(path)
+    p = check_input_file(path)
     try:
         return torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -50,7 +40,7 @@ def load_safetensors(path: str | os.PathLike, device: str = "cpu") -> dict:
     """Load every tensor of a `.safetensors` file; corrupt files raise `BadInputError`."""
     from safetensors.torch import load_file
 
-    p = _check_file(path)
+    p = check_input_file(path)
     try:
         return load_file(str(p), device=device)
     except Exception as e:  # safetensors raises SafetensorError / OSError on bad headers

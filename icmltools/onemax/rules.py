@@ -25,7 +25,7 @@ Rules (spec `onemax-sim.md`, section "Algorithms"):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
-from .rules import ALGORITHMS, PARETO_OPTIMAL, RuleParams, s_star, threshold, breakpoints
+from .rules import ALGORITHMS, RuleParams, breakpoints, s_star, threshold
 
 _TOL = 1e-9  # relative slack so float noise cannot flip the (in)equalities that split the pieces
 

@@ -13,7 +13,9 @@ from pathlib import Path
 from icmltools.core.errors import BadInputError
 from icmltools.core.jsonio import atomic_write_json
 
-from .milp import check_instance_path, file_sha256
+from icmltools.core.files import file_sha256
+
+from .milp import check_instance_path
 
 log = logging.getLogger(__name__)
 

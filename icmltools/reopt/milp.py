@@ -7,7 +7,6 @@ write/read round trip (spec, Stage 1).
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import math
 import os
@@ -18,6 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.files import check_input_file
 
 SUPPORTED_SUFFIXES = (".mps", ".mps.gz", ".lp", ".lp.gz")
 
@@ -67,24 +67,10 @@ class Milp:
         return max(v)
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def check_instance_path(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise BadInputError(f"{p}: no such file")
-    if not p.is_file():
-        raise BadInputError(f"{p}: not a file")
+    p = check_input_file(path, allow_empty=True)
     if not any(p.name.lower().endswith(s) for s in SUPPORTED_SUFFIXES):
         raise BadInputError(f"{p}: unsupported file type; use .mps, .mps.gz or .lp")
-    if not os.access(p, os.R_OK):
-        raise BadInputError(f"{p}: not readable")
     return p
 
 

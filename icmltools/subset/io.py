@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.files import check_input_file
 
 FEATURE_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".safetensors")
 
@@ -26,15 +27,6 @@ def _split_key(spec: str) -> tuple[Path, str | None]:
         if head and Path(head).exists():
             return Path(head), key
     return Path(s), None
-
-
-def _check_exists(p: Path) -> None:
-    if not p.exists():
-        raise BadInputError(f"{p}: no such file")
-    if not p.is_file():
-        raise BadInputError(f"{p}: not a regular file")
-    if p.stat().st_size == 0:
-        raise BadInputError(f"{p}: file is empty")
 
 
 def _choose_key(keys: list, key: str | None, p: Path):
@@ -52,7 +44,7 @@ def _choose_key(keys: list, key: str | None, p: Path):
 def load_features(spec: str | os.PathLike, mmap: bool = True) -> np.ndarray:
     """Load one 2-D float feature matrix (N, d). `.npy` files are memory-mapped (read-only)."""
     p, key = _split_key(str(spec))
-    _check_exists(p)
+    check_input_file(p)
     suffix = p.suffix.lower()
     try:
         if suffix == ".npy":
@@ -107,7 +99,7 @@ def load_features(spec: str | os.PathLike, mmap: bool = True) -> np.ndarray:
 def load_labels(spec: str | os.PathLike) -> np.ndarray:
     """Load labels (N,) from `.npy` or a column of a CSV/TSV/text file (`file.csv:column`)."""
     p, key = _split_key(str(spec))
-    _check_exists(p)
+    check_input_file(p)
     suffix = p.suffix.lower()
     if suffix == ".npy":
         try:

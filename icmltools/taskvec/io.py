@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from icmltools.core.checkpoint import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, _check_file, safe_torch_load
+from icmltools.core.checkpoint import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, safe_torch_load
+from icmltools.core.files import check_input_file
 from icmltools.core.errors import BadInputError
 from icmltools.core.jsonio import atomic_path, atomic_write_json, dumps
 
@@ -145,7 +146,7 @@ class _SafetensorsFile:
     def __init__(self, path: Path):
         from safetensors import safe_open
 
-        self.path = _check_file(path)
+        self.path = check_input_file(path)
         try:
             with safe_open(str(self.path), framework="pt") as f:
                 self.metadata = dict(f.metadata() or {})
@@ -251,7 +252,7 @@ def _torch_load_lazy(path: Path) -> dict:
 
     import warnings
 
-    p = _check_file(path)
+    p = check_input_file(path)
     with warnings.catch_warnings():
         # torch warns about pickle protocols on stderr; the outcome (tensors or a clear error) is what counts
         warnings.simplefilter("ignore")
@@ -300,7 +301,7 @@ class ShardedReader(CheckpointReader):
             shard_names = {ST_SINGLE if self.format == "hf_safetensors" else PT_SINGLE: None}
         else:
             try:
-                doc = json.loads(_check_file(index).read_text())
+                doc = json.loads(check_input_file(index).read_text())
                 wmap = doc["weight_map"]
                 if not isinstance(wmap, dict) or not wmap:
                     raise ValueError("empty weight_map")
