@@ -33,7 +33,7 @@ STAGES = "collect,extract,enhance,policy,baselines,evaluate"
 @click.option("--data", type=click.Path(exists=True, file_okay=False), default=None,
               help="A user dataset in the official <task>/<i>.npz layout instead of collecting.")
 @click.option("--run-dir", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Continue an existing run directory (its config.json is used).")
+              help="Continue an existing run directory (its config.json and seed are used; size options given here override it).")
 @click.option("--split", type=click.Choice(["near", "sub"]), default=None,
               help="near-optimal = all episodes, sub-optimal = first half (default near).")
 @click.option("--episodes", type=click.IntRange(min=1), default=None, help="Episodes collected per task.")

@@ -329,7 +329,7 @@ def run_pipeline(run: Run, stages, device, methods=("goskill", "mtbc", "mtbc_rtg
 def summarize(run: Run, phase_s: dict | None = None) -> dict:
     st = run.stage_stats()
     fd = run.flat() if (run.data_path.is_dir()) else None
-    res = {"run_dir": str(run.root), "preset": run.cfg.preset, "split": run.cfg.split,
+    res = {"run_dir": str(run.root), "preset": run.cfg.preset, "seed": run.seed, "split": run.cfg.split,
            "tasks": fd.tasks if fd else run.tasks, "stages_done": [s for s in STAGES if s in st],
            "phase_s": phase_s or {}}
     if fd is not None:
