@@ -34,7 +34,7 @@ EPILOG = """Examples:
 @click.option("--lam", type=float, default=None,
               help="Fixed scaling: theta = theta_pre - lam * tau (streamed straight to disk).")
 @click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
-              help="Lambda grid to search (demo default 0:6:0.25; the official CLIP grid is 0:1:0.05).")
+              help="Lambda grid to search (demo default 0:10:0.05; the official CLIP grid is 0:1:0.05).")
 @click.option("--eval-cmd", default=None, metavar="CMD",
               help="File mode with --lam-grid: a command run on each checkpoint ({checkpoint} is replaced by its "
                    "path, else appended) that prints JSON with forget_acc and retain_acc.")

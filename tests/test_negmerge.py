@@ -338,16 +338,38 @@ def test_demo_contract(demo_doc):
 
 
 def test_demo_effect_fixed_seed(demo_doc):
-    """Seed 1: NegMerge forgets, keeps retain >= 0.95 x original, and beats the median single task vector.
+    """Seed 1: NegMerge forgets and keeps retain >= 0.95 x original (the issue's first two demo effects).
 
-    Measured on seeds 0/1/2: Avg.Gap NegMerge 8.07/8.70/10.74 vs median single 8.54/14.02/13.31."""
+    The third ("Avg.Gap below the median single task vector's") does not hold with the 0:10:0.05 grid:
+    seeds 0/1/2 measured NegMerge 7.07/8.46/10.74 vs median single 4.55/4.36/7.61 (with the old 0:6:0.25 grid
+    the median candidate's lambda was stuck a coarse step short of its retain boundary, which made it look
+    worse). It is not asserted."""
     m = {r["method"]: r for r in demo_doc["result"]["methods"]}
-    orig, nm, med = m["original"], m["negmerge"], m["task_arithmetic_median"]
+    orig, nm = m["original"], m["negmerge"]
     assert orig["forget_acc"] > 95  # the original memorised the forget set
     assert nm["forget_acc"] < orig["forget_acc"] - 10
     assert nm["retain_acc"] >= 0.95 * orig["retain_acc"]
-    assert nm["avg_gap"] < med["avg_gap"] - 2
     assert 0 < nm["kept_fraction"] < 0.5
+
+
+def test_demo_lambda_grid_resolves_each_boundary(demo_doc):
+    """The selection rule is decided on a grid fine and wide enough for every merge: the selected lambda is
+    past the first non-zero grid point and short of the grid's end, and the grid point after it breaks the
+    retain constraint (so the pick sits at the boundary, not a coarse step before it)."""
+    res = demo_doc["result"]
+    grid = res["config"]["lam_grid"]
+    step = grid[1] - grid[0]
+    m = {r["method"]: r for r in res["methods"]}
+    thr = 0.95 * m["original"]["retain_acc"]
+    for name in ("negmerge", "uniform", "ties", "magmax"):
+        curve = m[name]["lambda_curve"]
+        lam = m[name]["lam"]
+        assert grid[1] < lam < grid[-1], (name, lam)
+        nxt = [r for r in curve if abs(r["lam"] - (lam + step)) < 1e-9]
+        assert nxt and nxt[0]["retain_acc"] < thr, (name, lam)
+    for name in ("task_arithmetic_best", "task_arithmetic_median"):
+        cand = res["candidates"][m[name]["candidate"]]
+        assert not cand["lam_at_grid_end"], name
 
 
 @pytest.mark.parametrize("method", M.METHODS)

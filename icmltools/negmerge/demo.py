@@ -49,7 +49,11 @@ class DemoConfig:
     ft_batch: int = 32
     ft_momentum: float = 0.9
     # lambda search and merges
-    lam_grid: tuple = tuple(round(0.25 * i, 2) for i in range(25))  # 0 .. 6
+    # 0 .. 10 step 0.05: the selection rule needs a grid fine enough to resolve where each method's retain
+    # accuracy crosses 0.95 x the original's (from ~0.3 for MagMax to > 6 for the weak candidates) and wide
+    # enough not to stop the weak candidates at the grid's end; a coarse grid (0 .. 6 step 0.25) picked
+    # MagMax at its first non-zero point and cut the search of a third of the candidates at 6.
+    lam_grid: tuple = tuple(round(0.05 * i, 2) for i in range(201))
     retain_ratio: float = 0.95
     patience: int = 3             # stop a lambda search after 3 consecutive grid points below the retain threshold
     methods: tuple = MERGE_METHODS
@@ -279,6 +283,7 @@ def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable
         rows, sel = searched(tau)
         r = rows[sel.index]
         cand_rows.append({"index": i, **hps[i], "lam": sel.lam, "feasible": sel.feasible,
+                          "lam_at_grid_end": sel.lam == lam_grid[-1],
                           "sel_forget_acc": r["forget_acc"], "sel_retain_acc": r["retain_acc"], "_tau": tau})
         prog("lambda search: single task vectors", i + 1, len(cands))
     # validation ranking: lowest forget accuracy at the selected lambda, then higher retain
