@@ -27,6 +27,7 @@ import os
 import shutil
 import struct
 import tempfile
+import abc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -95,7 +96,7 @@ class TensorSpec:
 # --------------------------------------------------------------------------------------------- readers
 
 
-class CheckpointReader:
+class CheckpointReader(abc.ABC):
     """A name -> tensor mapping whose tensors are read on demand.
 
     ``specs`` (name -> TensorSpec) is known up front without reading data, so key/shape/dtype checks run
@@ -114,8 +115,9 @@ class CheckpointReader:
     def keys(self) -> list[str]:
         return list(self.specs)
 
+    @abc.abstractmethod
     def get(self, name: str):
-        raise NotImplementedError
+        """Return tensor `name` as a CPU tensor (each reader implements its own storage access)."""
 
     def get_into(self, name: str, out):
         """Read tensor `name` into the preallocated contiguous tensor `out` (same shape and dtype); returns `out`.
