@@ -26,4 +26,3 @@ _icml_completion_setup() {
 }
 
 _icml_completion_setup;
-

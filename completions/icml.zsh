@@ -38,4 +38,3 @@ else
     # eval/source/. command, register function for later
     compdef _icml_completion icml
 fi
-
