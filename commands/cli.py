@@ -38,6 +38,27 @@ class LazyGroup(click.Group):
 
         return run_guarded(lambda: super(LazyGroup, self).invoke(ctx))
 
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """Like click's main, but every error is ONE line on stderr: `Error: ... (try 'icml X --help')`."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError":  # bare `icml`: show the help, as click does
+                e.show()
+                sys.exit(e.exit_code)
+            hint = f" (try '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            click.echo(f"Error: {e.format_message()}{hint}", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except (click.Abort, KeyboardInterrupt, EOFError):
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS,
              epilog="Examples:\n\n\b\n  icml onemax-sim | jq .result.worst_case\n  icml env\n  icml fope-train --help")

@@ -82,6 +82,9 @@ def test_unknown_option_is_usage_error():
     r = CliRunner().invoke(__import__("icmltools.commands.cli", fromlist=["cli"]).cli, ["env", "--bogus"])
     assert r.exit_code == 2
     assert "Traceback" not in r.output and "No such option" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("Error: ")  # one line
+    r = CliRunner().invoke(__import__("icmltools.commands.cli", fromlist=["cli"]).cli, ["onemax-sim", "--theta", "1"])
+    assert r.exit_code == 2 and r.stderr.strip().count("\n") == 0 and "--theta" in r.stderr
 
 
 def test_unknown_command_is_usage_error():
