@@ -114,33 +114,6 @@ def _build_net(torch, hidden: int = 32):
     return BipartiteGNN()
 
 
-class _Adam:
-    """Plain Adam (Kingma & Ba). Written out because constructing torch.optim.Adam imports
-    torch._dynamo, measured at 7.6 s on these machines: more than a whole time limit."""
-
-    def __init__(self, torch, params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8):
-        self.torch, self.params, self.lr, self.b1, self.b2, self.eps = torch, params, lr, b1, b2, eps
-        self.m = [torch.zeros_like(p) for p in params]
-        self.v = [torch.zeros_like(p) for p in params]
-        self.t = 0
-
-    def zero_grad(self):
-        for p in self.params:
-            p.grad = None
-
-    def step(self):
-        self.t += 1
-        with self.torch.no_grad():
-            for p, m, v in zip(self.params, self.m, self.v):
-                if p.grad is None:
-                    continue
-                m.mul_(self.b1).add_(p.grad, alpha=1 - self.b1)
-                v.mul_(self.b2).addcmul_(p.grad, p.grad, value=1 - self.b2)
-                mh = m / (1 - self.b1 ** self.t)
-                vh = v / (1 - self.b2 ** self.t)
-                p.sub_(self.lr * mh / (vh.sqrt() + self.eps))
-
-
 def _tensors(torch, feat, device):
     xv, xc, ri, ci, w = feat
     return (torch.from_numpy(xv).to(device), torch.from_numpy(xc).to(device),
@@ -181,11 +154,14 @@ def train_gnn(history_milps: list, history: list, device: str = "cpu", decay: fl
         info["fallback"] = "fewer than 2 consecutive solved history pairs; marginal prediction used"
         return None, info
     if threads:
-        torch.set_num_threads(threads)  # many threads on small graphs and shared cores: 10-20x slower
+        from icmltools.core.device import set_threads
+
+        set_threads(threads)  # many threads on small graphs and shared cores: 10-20x slower
     g = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     net = _build_net(torch).to(device)
-    opt = _Adam(torch, list(net.parameters()), lr=5e-3)
+    # trained before the solve's clock starts, so torch.optim's one-off import cost (~2 s) is not timed
+    opt = torch.optim.Adam(net.parameters(), lr=5e-3)
     data = [(_tensors(torch, f, device), torch.from_numpy(y.astype(np.float32)).to(device),
              torch.from_numpy(m).to(device)) for f, y, m in pairs]
     lossf = torch.nn.BCEWithLogitsLoss()
