@@ -186,6 +186,9 @@ def test_parse_prices_formats():
     assert list(data.parse_prices("date,close\nd1,5\nd2,6\n", column="close")) == [5, 6]
     assert list(data.parse_prices("a\tb\n1\t7\n2\t8\n")) == [7, 8]
     assert list(data.parse_prices("x,y\n1,7\n2,8\n", column="0")) == [1, 2]
+    # a headerless file with a text column keeps its first row; comments and `;` work
+    assert list(data.parse_prices("2024-01-01,5\n2024-01-02,6\n")) == [5, 6]
+    assert list(data.parse_prices("# prices\nd;4\nd;9\n")) == [4, 9]
 
 
 # ------------------------------------------------------------------------------------------------ CLI

@@ -1,65 +1,28 @@
 """Price series: parsing (CSV/TSV/one per line, file or stdin), validation, and the embedded synthetic market."""
 from __future__ import annotations
 
-import csv
-import io
 import os
 
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.table import read_column
 
 
 def parse_prices(text: str, source: str = "<stdin>", column: str | int | None = None) -> np.ndarray:
-    """Parse prices from CSV/TSV text or one number per line.
-
-    With several columns, `column` (name or 0-based index) picks one; default: the last column. A header row
-    is detected (first row not numeric) and skipped. Any other non-numeric row is an error naming the row.
-    """
-    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if not lines:
-        raise BadInputError(f"{source}: no prices (empty input)")
-    sample = "\n".join(lines[:20])
-    delim = "\t" if "\t" in sample else ("," if "," in sample else (";" if ";" in sample else None))
-    rows = list(csv.reader(io.StringIO("\n".join(lines)), delimiter=delim)) if delim else [[ln.strip()] for ln in lines]
-    header = None
-
-    def _num(s):
+    """Parse prices from CSV/TSV text or one number per line (see `core.table.read_column` for the column,
+    header and delimiter rules). Non-numeric, non-finite or non-positive prices are errors naming the line."""
+    values, lines = read_column(text, source, column)
+    out = np.empty(len(values))
+    for k, (v, n) in enumerate(zip(values, lines)):
         try:
-            return float(s)
+            out[k] = float(v)
         except ValueError:
-            return None
-
-    if rows and any(_num(c) is None for c in rows[0]) and len(rows) > 1:
-        header = [c.strip() for c in rows[0]]
-        rows = rows[1:]
-        start = 2
-    else:
-        start = 1
-    if not rows:
-        raise BadInputError(f"{source}: header but no prices")
-    if column is None:
-        col = len(rows[0]) - 1
-    elif isinstance(column, int) or (isinstance(column, str) and column.isdigit()):
-        col = int(column)
-    else:
-        if header is None or column not in header:
-            raise BadInputError(f"{source}: no column named {column!r} (header: {header})")
-        col = header.index(column)
-    out = np.empty(len(rows))
-    for i, row in enumerate(rows):
-        if col >= len(row):
-            raise BadInputError(f"{source}: row {i + start} has {len(row)} column(s), need column {col}")
-        v = _num(row[col].strip())
-        if v is None:
-            raise BadInputError(f"{source}: row {i + start} is not a number: {row[col].strip()[:40]!r}")
-        out[i] = v
-    if not np.all(np.isfinite(out)):
-        k = int(np.nonzero(~np.isfinite(out))[0][0])
-        raise BadInputError(f"{source}: row {k + start} is not a finite number (NaN/inf prices are not allowed)")
-    if np.any(out <= 0):
-        k = int(np.nonzero(out <= 0)[0][0])
-        raise BadInputError(f"{source}: row {k + start}: prices must be positive, got {out[k]}")
+            raise BadInputError(f"{source}: row {n} is not a number: {v[:40]!r}") from None
+        if not np.isfinite(out[k]):
+            raise BadInputError(f"{source}: row {n} is not a finite number (NaN/inf prices are not allowed)")
+        if out[k] <= 0:
+            raise BadInputError(f"{source}: row {n}: prices must be positive, got {out[k]}")
     return out
 
 

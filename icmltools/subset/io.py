@@ -7,7 +7,6 @@ CSV/TSV/text file given as `file.csv:column` (name or 0-based index; default: th
 """
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 from icmltools.core.files import check_input_file
+from icmltools.core.table import read_column
 
 FEATURE_SUFFIXES = (".npy", ".npz", ".pt", ".pth", ".safetensors")
 
@@ -111,49 +111,13 @@ def load_labels(spec: str | os.PathLike) -> np.ndarray:
         if arr.ndim != 1:
             raise BadInputError(f"{p}: labels must be a 1-D array, got shape {tuple(arr.shape)}")
         return arr
-    # text: CSV / TSV / whitespace
+    # text: CSV / TSV / whitespace, one column (see core.table.read_column)
     with open(p, newline="", encoding="utf-8") as fh:
         text = fh.read()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        raise BadInputError(f"{p}: no labels found")
-    delim = "\t" if (suffix == ".tsv" or "\t" in lines[0]) else ("," if "," in lines[0] else None)
-    if delim is None:
-        rows = [ln.split() for ln in lines]
-    else:
-        rows = list(csv.reader(lines, delimiter=delim))
-    width = len(rows[0])
-    header = None
-    first = rows[0]
-    if any(not _is_number(c) for c in first) and len(rows) > 1 and (
-            key is not None and not key.isdigit() or all(not _is_number(c) for c in first) and
-            any(_is_number(c) for c in rows[1])):
-        header, rows = first, rows[1:]
-    if key is None:
-        col = width - 1
-    elif key.lstrip("-").isdigit():
-        col = int(key)
-        if not -width <= col < width:
-            raise BadInputError(f"{p}: column {col} out of range (the file has {width} columns)")
-    else:
-        if header is None or key not in header:
-            raise BadInputError(f"{p}: no column named {key!r}" + (f" (columns: {', '.join(header)})" if header else ""))
-        col = header.index(key)
-    try:
-        vals = [r[col].strip() for r in rows]
-    except IndexError:
-        raise BadInputError(f"{p}: a row has fewer than {col + 1} columns") from None
+    vals, _ = read_column(text, str(p), key, tab=suffix == ".tsv")
     if all(_is_int(v) for v in vals):
         return np.asarray([int(v) for v in vals], dtype=np.int64)
     return np.asarray(vals)
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
 
 
 def _is_int(s: str) -> bool:
