@@ -82,7 +82,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the result normal permissions
+        apply_umask(tmp_path)  # mkstemp makes 0600; give the result normal permissions
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -90,10 +90,14 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         raise
 
 
-def _umask() -> int:
+def apply_umask(path: str | os.PathLike) -> None:
+    """Give a finished output (a file, or a folder and everything in it) the permissions of a normally created
+    one: temp files and folders (mkstemp, mkdtemp) are private (0600/0700)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    p = Path(path)
+    for q in ([p, *p.rglob("*")] if p.is_dir() else [p]):
+        os.chmod(q, (0o777 if q.is_dir() else 0o666) & ~mask)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:

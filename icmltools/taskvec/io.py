@@ -35,7 +35,7 @@ from typing import Iterable
 from icmltools.core.checkpoint import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, safe_torch_load
 from icmltools.core.files import check_input_file
 from icmltools.core.errors import BadInputError
-from icmltools.core.jsonio import atomic_path, atomic_write_json, dumps
+from icmltools.core.jsonio import apply_umask, atomic_path, atomic_write_json, dumps
 
 ST_INDEX = "model.safetensors.index.json"
 ST_SINGLE = "model.safetensors"
@@ -627,15 +627,12 @@ class CheckpointWriter:
 
 
 def _apply_umask(path: Path) -> None:
-    """Temp files are created 0600; give the finished output the permissions of a normally created file."""
-    mask = os.umask(0)
-    os.umask(mask)
+    """Normal permissions on the finished output and its sidecar record (never fail a finished write over them)."""
     try:
-        paths = [path, *path.rglob("*")] if path.is_dir() else [path, sidecar_path(path)]
-        for p in paths:
+        for p in (path,) if path.is_dir() else (path, sidecar_path(path)):
             if p.exists():
-                os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
-    except OSError:  # permissions are cosmetic; never fail a finished write over them
+                apply_umask(p)
+    except OSError:
         pass
 
 
