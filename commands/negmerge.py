@@ -15,6 +15,7 @@ EPILOG = """Examples:
   icml negmerge | jq -c '.result.methods[] | {method, forget_acc, retain_acc, avg_gap}'
   icml negmerge --n-seeds 3 --threads 2
   icml negmerge --export-demo demo_ckpts   # also writes the demo's checkpoints
+  icml negmerge --pool '5,10,20;0,5e-4,5e-3;0'   # only the 9 candidates without label smoothing
   icml negmerge --base base.safetensors -c ft1.safetensors -c ft2.safetensors -c ft3.safetensors \\
       --lam 2.5 --out merged_run | jq .result.kept_fraction
   icml negmerge --base hf_model/ -c ft_a/ -c ft_b/ --lam-grid 0:1:0.05 \\
@@ -58,13 +59,16 @@ EPILOG = """Examples:
               help="Demo size: quick = the spec's task and 27 candidates (about a minute); tiny = a seconds-long smoke run.")
 @click.option("--n-seeds", type=click.IntRange(min=1), default=1,
               help="Demo: run seeds --seed .. --seed+N-1 and report the mean per method.")
+@click.option("--pool", default=None, metavar="EPOCHS;WD;LS",
+              help="Demo: the candidates' fine-tuning grid as three comma lists, epochs;weight decay;label smoothing "
+                   "(default the spec's '5,10,20;0,5e-4,5e-3;0,0.05,0.1' = 27 candidates).")
 @click.option("--export-demo", type=click.Path(file_okay=False), default=None,
               help="Demo: also write original, retrain and the 27 candidates as .safetensors into this folder.")
 @common.out_option()
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
 def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
-        ties_k, dare_p, out_format, per_tensor, demo_methods, preset, n_seeds, export_demo, seed, device, threads,
+        ties_k, dare_p, out_format, per_tensor, demo_methods, preset, n_seeds, pool, export_demo, seed, device, threads,
         quiet, verbose, out):
     """Unlearn by negating a merged task vector: NegMerge (Kim et al., ICML 2025) and baselines.
 
@@ -87,14 +91,16 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
             if candidates:
                 raise BadInputError("--candidate given without --base")
             _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds,
-                  export_demo, out)
+                  export_demo, out, pool)
+        elif pool is not None:
+            raise BadInputError("--pool applies to the embedded demo only (not with --base)")
         else:
             _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio,
                    patience or 0, ties_k, dare_p, out_format, per_tensor, seed, out)
 
 
 def _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds, export_demo,
-          out):
+          out, pool=None):
     from icmltools.negmerge import api, search
 
     grid = [lam] if lam is not None else (search.parse_grid(lam_grid) if lam_grid else None)
@@ -102,7 +108,8 @@ def _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_metho
     with run.progress() as cb, run.timer.phase("demo"):
         res = api.run_demo(seed=run.seed, n_seeds=n_seeds, methods=methods, lam_grid=grid, ties_k=ties_k,
                            dare_p=dare_p, retain_ratio=retain_ratio, device=run.device, progress=cb,
-                           export_dir=export_demo, preset=preset, patience=patience)
+                           export_dir=export_demo, preset=preset, patience=patience,
+                           pool=api.parse_pool(pool) if pool is not None else None)
     run.result = res
     if export_demo:
         run.artifacts["demo_checkpoints"] = export_demo

@@ -352,6 +352,48 @@ def test_demo_effect_fixed_seed(demo_doc):
     assert 0 < nm["kept_fraction"] < 0.5
 
 
+def test_demo_places_each_method_among_all_single_task_vectors(demo_doc):
+    """Every candidate is scored at its own selected lambda; `beats_candidates` is the fraction of those single
+    task vectors with a larger Avg.Gap, and the best/median rows are exactly their candidates' scores."""
+    res = demo_doc["result"]
+    cands = res["candidates"]
+    gaps = [c["avg_gap"] for c in cands]
+    assert all(0 <= g <= 100 for g in gaps)
+    st = res["single_task_vectors"]
+    assert st["n"] == 27
+    assert st["avg_gap_min"] == min(gaps) and st["avg_gap_max"] == max(gaps)
+    assert st["avg_gap_min"] <= st["avg_gap_q25"] <= st["avg_gap_median"] <= st["avg_gap_q75"] <= st["avg_gap_max"]
+    assert st["avg_gap_median"] == pytest.approx(sorted(gaps)[13])
+    m = {r["method"]: r for r in res["methods"]}
+    for row in m.values():
+        assert row["beats_candidates"] == pytest.approx(sum(g > row["avg_gap"] for g in gaps) / 27)
+    assert m["retrain"]["beats_candidates"] == 1.0
+    for name in ("task_arithmetic_best", "task_arithmetic_median"):
+        c = cands[m[name]["candidate"]]
+        for k in ("forget_acc", "retain_acc", "test_acc", "mia", "avg_gap"):
+            assert m[name][k] == pytest.approx(c[k], abs=1e-9), (name, k)
+
+
+def test_parse_pool():
+    from icmltools.negmerge.api import parse_pool
+
+    assert parse_pool("5,10,20;0,5e-4,5e-3;0,0.05,0.1") == {
+        "ft_epochs": (5, 10, 20), "ft_weight_decay": (0.0, 5e-4, 5e-3), "ft_label_smoothing": (0.0, 0.05, 0.1)}
+    assert parse_pool("5,10;0;0")["ft_label_smoothing"] == (0.0,)
+    for bad in ("5,10;0", "5;0;0", "a;0;0", "5,5;0;0", "0,5;0;0", "5,10;-1;0", "5,10;0;1.0", "5,10;;0"):
+        with pytest.raises(BadInputError, match="--pool"):
+            parse_pool(bad)
+
+
+def test_cli_pool_on_tiny_demo(run_cli):
+    _, doc = run_cli(["negmerge", "-q", "--preset", "tiny", "--pool", "5,10;0;0,0.1", "--methods", "negmerge"])
+    res = doc["result"]
+    assert len(res["candidates"]) == 4 and res["single_task_vectors"]["n"] == 4
+    assert res["config"]["ft_label_smoothing"] == [0.0, 0.1]
+    res, _ = run_cli(["negmerge", "-q", "--preset", "tiny", "--pool", "5;0;0"], expect_code=2)
+    assert "at least 2 candidates" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_demo_lambda_grid_resolves_each_boundary(demo_doc):
     """The selection rule is decided on a grid fine and wide enough for every merge: the selected lambda is
     past the first non-zero grid point and short of the grid's end, and the grid point after it breaks the

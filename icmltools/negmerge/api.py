@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 def run_demo(*, seed: int = 0, n_seeds: int = 1, methods: Sequence[str] = D.MERGE_METHODS,
              lam_grid: Sequence[float] | None = None, ties_k: float = 0.2, dare_p: float = 0.0,
              retain_ratio: float = 0.95, device: str = "cpu", progress: Callable | None = None,
-             export_dir: str | None = None, preset: str = "quick", patience: int | None = None) -> dict:
+             export_dir: str | None = None, preset: str = "quick", patience: int | None = None,
+             pool: dict | None = None) -> dict:
     """The embedded demo over seeds seed .. seed+n_seeds-1 (see :mod:`icmltools.negmerge.demo`)."""
     bad = [m for m in methods if m not in D.MERGE_METHODS]
     if bad:
@@ -33,6 +34,8 @@ def run_demo(*, seed: int = 0, n_seeds: int = 1, methods: Sequence[str] = D.MERG
         kw["lam_grid"] = tuple(lam_grid)
     if patience is not None:
         kw["patience"] = patience
+    if pool is not None:
+        kw.update(pool)
     if preset not in ("quick", "tiny"):
         raise BadInputError(f"--preset: unknown demo preset {preset!r}; choose quick or tiny")
     cfg = D.DemoConfig.preset(preset, **kw)
@@ -41,6 +44,31 @@ def run_demo(*, seed: int = 0, n_seeds: int = 1, methods: Sequence[str] = D.MERG
     if export_dir is not None:
         res["exported"] = export_demo(res, Path(export_dir))
     return res
+
+
+def parse_pool(text: str) -> dict:
+    """`EPOCHS;WD;LS` (three comma lists) -> the demo's candidate grid (ft_epochs x ft_weight_decay x
+    ft_label_smoothing); at least 2 candidates in all."""
+    parts = text.split(";")
+    if len(parts) != 3:
+        raise BadInputError(f"--pool {text!r}: give three ';'-separated comma lists, epochs;weight decay;label smoothing",
+                            hint="e.g. --pool '5,10,20;0,5e-4,5e-3;0,0.05,0.1'")
+    out = {}
+    for key, part, conv in (("ft_epochs", parts[0], int), ("ft_weight_decay", parts[1], float),
+                            ("ft_label_smoothing", parts[2], float)):
+        try:
+            vals = tuple(conv(v) for v in part.split(",") if v.strip())
+        except ValueError:
+            raise BadInputError(f"--pool {text!r}: cannot read {part!r} as a comma list of numbers") from None
+        if not vals or len(set(vals)) != len(vals):
+            raise BadInputError(f"--pool {text!r}: {key.split('_', 1)[1].replace('_', ' ')} list is empty or repeats a value")
+        if key == "ft_epochs" and min(vals) < 1 or key == "ft_weight_decay" and min(vals) < 0 or \
+                key == "ft_label_smoothing" and not all(0 <= v < 1 for v in vals):
+            raise BadInputError(f"--pool {text!r}: out-of-range value in {part!r} (epochs >= 1, wd >= 0, 0 <= ls < 1)")
+        out[key] = vals
+    if len(out["ft_epochs"]) * len(out["ft_weight_decay"]) * len(out["ft_label_smoothing"]) < 2:
+        raise BadInputError(f"--pool {text!r}: the merges need at least 2 candidates")
+    return out
 
 
 def export_demo(res: dict, folder: Path) -> dict:
