@@ -6,6 +6,12 @@ same evaluation envs), then optional GO-Skill variants reuse that data (`mlp` = 
 
     python benchmarks/goskill_mt10.py --seeds 0,1,2 --jobs 2 > goskill_mt10.json
     python benchmarks/goskill_mt10.py --preset cpu --seeds 0,1,2            # the full CPU preset (slow)
+    python benchmarks/goskill_mt10.py --oracle RUN_DIR --oracle-tasks reach-v3,push-v3   # decoder diagnostic
+
+`--oracle RUN_DIR` evaluates a finished run's skill decoder with ORACLE codes: at every skill start the
+scripted expert is rolled H steps ahead from a snapshot of the MuJoCo state (then restored), and the code
+of enc(norm(s_{t+H}) - norm(s_t)) drives the decoder. If the decoder fails even with oracle codes, the
+low level is at fault; if it succeeds where the high level fails, the high level is.
 """
 from __future__ import annotations
 
@@ -55,6 +61,94 @@ def _one_seed(job):
     return out
 
 
+def _snapshot(env):
+    import copy
+
+    import mujoco
+
+    spec = mujoco.mjtState.mjSTATE_INTEGRATION
+    st = np.zeros(mujoco.mj_stateSize(env.model, spec))
+    mujoco.mj_getState(env.model, env.data, st, spec)
+    extra = {k: copy.deepcopy(v) for k, v in vars(env).items() if k in ("_prev_obs", "curr_path_length", "_last_stable_obs")}
+    return st, extra
+
+
+def _restore(env, snap):
+    import copy
+
+    import mujoco
+
+    st, extra = snap
+    mujoco.mj_setState(env.model, env.data, st, mujoco.mjtState.mjSTATE_INTEGRATION)
+    mujoco.mj_forward(env.model, env.data)
+    for k, v in extra.items():
+        setattr(env, k, copy.deepcopy(v))
+
+
+def oracle(run_dir: str, tasks: list[str], episodes: int, key: str = "skill_enhanced") -> dict:
+    """Success of the skill decoder driven by oracle codes vs by the trained high level, same envs and seeds."""
+    import torch
+
+    torch.set_num_threads(1)
+    from icmltools.goskill import train as TR
+    from icmltools.goskill.evaluate import GoSkillAgent
+    from icmltools.goskill.pipeline import Run, _prompts
+    from icmltools.goskill.tasks import MetaWorldBackend, quiet
+
+    run = Run.open(run_dir)
+    fd, cfg = run.flat(), run.cfg
+    skill = run.load(key, run.new_skill(), "cpu", "enhance").eval()
+    hl = run.load("high_level", run.new_high_level(), "cpu", "policy").eval()
+    codes = TR.relabel(skill, fd, cfg.H, "cpu")
+    prompts = _prompts(run, skill, codes)
+    b, H = MetaWorldBackend(), cfg.H
+    out = {}
+    with quiet(), torch.no_grad():
+        for task in tasks:
+            tid, expert = fd.tasks.index(task), b.expert(task)
+            res = {}
+            agree = []
+            for mode in ("oracle", "high_level"):
+                succ = []
+                for ep in range(episodes):
+                    env = b.make(task, 10_000 + ep)
+                    obs = b.reset(env)
+                    agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, fd.task_max_return(), prompts, "cpu",
+                                         fd.actions.shape[1])
+                    agent.reset(np.array([tid]))
+                    ok = False
+                    for t in range(cfg.max_steps):
+                        if t % H == 0:
+                            snap, o2 = _snapshot(env), obs
+                            for _ in range(H):
+                                o2, _, _ = b.step(env, expert(o2))
+                            _restore(env, snap)
+                            g = fd.normalize(o2) - fd.normalize(obs)
+                            oc = skill.codes_of(torch.as_tensor(g[None]))
+                            if mode == "oracle":   # the agent's decoder path, with the code replaced
+                                agent.code, agent.in_s, agent.in_a = oc, [], []
+                        if mode == "oracle":
+                            s = torch.as_tensor(fd.normalize(obs))[None]
+                            agent.in_s.append(s)
+                            S = torch.stack(agent.in_s, 1)
+                            A = torch.stack(agent.in_a, 1) if agent.in_a else S.new_zeros(1, 0, fd.actions.shape[1])
+                            a = skill.act(agent.code, S, A, t % H)
+                            agent.in_a.append(a)
+                            act = a[0].numpy()
+                        else:
+                            act = agent.act(obs[None], t)[0]
+                            if t % H == 0:
+                                agree.append(int(agent.code.item()) == int(oc.item()))
+                        obs, r, done = b.step(env, act)
+                        agent.observe(np.array([r]))
+                        ok |= done
+                    succ.append(float(ok))
+                res[mode + "_success"] = float(np.mean(succ))
+            res["high_level_oracle_code_agreement"] = float(np.mean(agree))
+            out[task] = res
+    return {"run_dir": run_dir, "decoder": key, "episodes": episodes, "per_task": out}
+
+
 def _ms(x):
     x = np.asarray(x, float)
     return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0, "per_seed": x.tolist()}
@@ -70,7 +164,14 @@ def main():
     ap.add_argument("--variant-seeds", default="", help="seeds that run the variants (default: all)")
     ap.add_argument("--overrides", default="{}", help="JSON dict of config overrides, e.g. '{\"policy_iters\": 1000}'")
     ap.add_argument("--root", default=None, help="where run directories go (default: a temp folder)")
+    ap.add_argument("--oracle", default=None, metavar="RUN_DIR", help="only run the oracle-code decoder diagnostic")
+    ap.add_argument("--oracle-tasks", default="reach-v3,push-v3")
+    ap.add_argument("--oracle-episodes", type=int, default=5)
+    ap.add_argument("--oracle-decoder", default="skill_enhanced", choices=["skill", "skill_enhanced"])
     args = ap.parse_args()
+    if args.oracle:
+        print(json.dumps(oracle(args.oracle, args.oracle_tasks.split(","), args.oracle_episodes, args.oracle_decoder)))
+        return
     seeds = [int(s) for s in args.seeds.split(",")]
     args.variant_seeds = [int(s) for s in args.variant_seeds.split(",")] if args.variant_seeds else []
     root = args.root or tempfile.mkdtemp(prefix="goskill_mt10_")
@@ -93,7 +194,9 @@ def main():
         if rs:
             variants["goskill_" + v] = {"config": VARIANTS[v], "seeds": [r["seed"] for r in runs if v in r],
                                         "success": _ms([x["success"] for x in rs]),
-                                        "return": _ms([x["return"] for x in rs])}
+                                        "return": _ms([x["return"] for x in rs]),
+                                        "per_task_success": {t: float(np.mean([x["per_task"][t]["success"] for x in rs]))
+                                                             for t in rs[0]["per_task"]}}
     phases = {}
     for r in runs:
         for k, v in r["base"]["phase_s"].items():

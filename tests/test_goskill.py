@@ -42,12 +42,49 @@ def test_goal_indexing_and_end_clipping():
 
 def test_skill_sequences_left_pad_and_prompt():
     fd = D.flatten(["a"], [[_episode(25)]], mean=np.zeros(3), std=np.ones(3))
-    codes = np.arange(fd.n) % 16
+    codes = np.arange(fd.n)
     s, c, r, ts, m = D.skill_sequences(fd, codes, np.array([12]), L=4, H=5, rtg_scale=1.0)
-    assert m.tolist() == [[0, 1, 1, 1]] and ts.tolist() == [[0, 2, 7, 12]]
+    # timesteps are skill-step indices t // H (official batcher), not raw environment steps
+    assert m.tolist() == [[0, 1, 1, 1]] and ts.tolist() == [[0, 0, 1, 2]]
     assert c[0, 1:].tolist() == [2, 7, 12] and r[0, 1:, 0].tolist() == [23, 18, 13]
-    ps, pc, pr, pts, pm = D.prompt_sequence(fd, codes, fd.episodes[0], 15, P=3, H=5, rtg_scale=1.0)
-    assert pm.tolist() == [1, 1, 0] and pts.tolist() == [15, 20, 0]
+    # the prompt is the LAST P skill steps of the episode (official get_prompt): steps 10, 15, 20 of 25
+    ps, pc, pr, pts, pm = D.prompt_sequence(fd, codes, fd.episodes[0], P=3, H=5, rtg_scale=1.0)
+    assert pm.tolist() == [1, 1, 1] and pc.tolist() == [10, 15, 20] and pts.tolist() == [2, 3, 4]
+    assert ps[:, 0].tolist() == [10, 15, 20] and pr[:, 0].tolist() == [15, 10, 5]
+    # an episode with fewer than P skill steps is left-padded: T = 12, H = 5 -> steps 2, 7
+    fd2 = D.flatten(["a"], [[_episode(12)]], mean=np.zeros(3), std=np.ones(3))
+    ps, pc, pr, pts, pm = D.prompt_sequence(fd2, np.arange(12), fd2.episodes[0], P=3, H=5, rtg_scale=1.0)
+    assert pm.tolist() == [0, 1, 1] and pc.tolist() == [0, 2, 7] and pts.tolist() == [0, 0, 1]
+
+
+def test_eval_timesteps_match_training_skill_step_index():
+    """The high level sees the same timestep convention at run time (t // H at decision t) as in training."""
+    from icmltools.goskill.evaluate import GoSkillAgent
+
+    cfg = make_config("quick", tasks="toy-a", H=5, context=3, conditioning="task", hl_hidden=16, vq_dim=4, n_codes=4)
+    seen = []
+
+    class HL(torch.nn.Module):
+        def forward(self, s, z, r, ts, mask, prompt=None, task=None):
+            seen.append(ts.clone())
+            return torch.zeros(s.shape[0], s.shape[1], 4)
+
+    class Skill(torch.nn.Module):
+        H = 5
+
+        def __init__(self):
+            super().__init__()
+            from icmltools.goskill.vq import VectorQuantizer
+            self.vq = VectorQuantizer(4, 4, kmeans_init=False)
+
+        def act(self, code, S, A, k):
+            return torch.zeros(S.shape[0], 2)
+
+    agent = GoSkillAgent(HL(), Skill(), cfg, np.zeros(6, np.float32), np.ones(6, np.float32), np.ones(1), {}, "cpu", 2)
+    agent.reset(np.array([0]))
+    for t in range(16):
+        agent.act(np.zeros((1, 6), np.float32), t)
+    assert [x[0].tolist() for x in seen] == [[0, 0, 0], [0, 0, 1], [0, 1, 2], [1, 2, 3]]
 
 
 def test_vq_kmeans_init_nearest_ema_and_straight_through():
@@ -94,6 +131,24 @@ def test_balanced_sampler_equal_counts_per_used_code():
     idx = D.balanced_indices(codes, 6, rng)
     counts = np.bincount(codes[idx], minlength=16)
     assert counts[[0, 3, 7, 9]].tolist() == [6, 6, 6, 6] and counts.sum() == 24
+
+
+def test_enhancement_schedule_and_batch_follow_the_official_loop():
+    """Official main loop: one decoder-only enhancement step per high-level step, on a balanced batch as large
+    as a phase-1 batch (batch_size * n_tasks // valid_codes windows per code)."""
+    from icmltools.goskill.config import PRESETS
+    from icmltools.goskill.train import enhance_per_code
+
+    for name in PRESETS:
+        cfg = make_config(name)
+        assert cfg.enhance_iters == cfg.policy_iters, name
+        assert cfg.enhance_per_code == 0, name
+    cfg = make_config("quick", extract_batch=64)
+    codes = np.repeat(np.arange(10), 7)          # 10 used codes of 16
+    assert enhance_per_code(cfg, codes) == 6
+    idx = D.balanced_indices(codes, enhance_per_code(cfg, codes), np.random.default_rng(0))
+    assert len(idx) == 60 and np.bincount(codes[idx]).tolist() == [6] * 10
+    assert enhance_per_code(make_config("quick", enhance_per_code=3), codes) == 3
 
 
 def _toy_run(tmp_path, **kw):

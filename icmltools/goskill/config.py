@@ -42,8 +42,8 @@ class GoSkillConfig:
     grad_clip: float = 1.0
     extract_iters: int = 500
     extract_batch: int = 64
-    enhance_iters: int = 150
-    enhance_per_code: int = 4       # windows per used code in a balanced batch
+    enhance_iters: int = 600        # official: one decoder-only step per high-level step (= policy_iters)
+    enhance_per_code: int = 0       # windows per used code in a balanced batch; 0 = extract_batch // used codes
     policy_iters: int = 600
     policy_batch: int = 16
     bc_iters: int = 800
@@ -65,11 +65,11 @@ class GoSkillConfig:
 PRESETS = {
     "quick": {},
     "cpu": dict(episodes=40, max_steps=200, context=20, prompt_len=10, enc_hidden=256, dec_hidden=128, hl_hidden=128, extract_iters=2000,
-                extract_batch=64, enhance_iters=500, enhance_per_code=4, policy_iters=1500, policy_batch=16,
+                extract_batch=64, enhance_iters=1500, policy_iters=1500, policy_batch=16,
                 bc_iters=2000, eval_episodes=10, warmup=300),
     "gpu": dict(episodes=200, max_steps=500, context=20, prompt_len=10, enc_hidden=256, dec_hidden=256, dec_layers=6, dec_heads=8,
                 hl_hidden=256, hl_layers=6, hl_heads=8, extract_iters=30000, extract_batch=16 * 10,
-                enhance_iters=10000, enhance_per_code=16, policy_iters=70000, policy_batch=8 * 10,
+                enhance_iters=70000, policy_iters=70000, policy_batch=8 * 10,
                 bc_iters=30000, bc_batch=1024, warmup=5000, eval_episodes=50, envs_per_task=10, workers=4),
 }
 
@@ -110,6 +110,8 @@ def validate(cfg: GoSkillConfig) -> None:
     for k in ("H", "episodes", "max_steps", "n_codes", "eval_episodes", "envs_per_task", "context", "prompt_len"):
         if getattr(cfg, k) < 1:
             raise BadInputError(f"--{k.replace('_', '-')} must be >= 1 (got {getattr(cfg, k)})")
+    if cfg.enhance_per_code < 0:
+        raise BadInputError(f"enhance_per_code must be >= 0 (0 = automatic; got {cfg.enhance_per_code})")
     if cfg.episodes < 2 and cfg.split == "sub":
         raise BadInputError("--split sub needs at least 2 episodes per task")
     if cfg.max_steps >= cfg.max_ep_len:

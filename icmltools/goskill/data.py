@@ -184,6 +184,8 @@ def balanced_indices(codes: np.ndarray, per_code: int, rng: np.random.Generator)
 def skill_sequences(fd: FlatData, codes: np.ndarray, ends: np.ndarray, L: int, H: int, rtg_scale: float):
     """High-level training sequences: L skill steps with stride H ending at step `ends`, left-padded.
 
+    Timesteps are skill-step indices t // H, as the official batcher (`timesteps = si_idx // interval_length`)
+    and its evaluation loop (`timesteps // skill_length`) use them.
     Returns states (B,L,ds), codes (B,L), rtg (B,L,1) scaled, timesteps (B,L), mask (B,L)."""
     offs = (np.arange(L) - (L - 1)) * H  # ..., -2H, -H, 0
     pos = ends[:, None] + offs[None, :]
@@ -192,19 +194,25 @@ def skill_sequences(fd: FlatData, codes: np.ndarray, ends: np.ndarray, L: int, H
     s = np.where(mask[..., None], fd.obs[pos], 0.0).astype(np.float32)
     c = np.where(mask, codes[pos], 0).astype(np.int64)
     r = np.where(mask, fd.rtg[pos] / rtg_scale, 0.0).astype(np.float32)[..., None]
-    ts = np.where(mask, fd.timestep[pos], 0).astype(np.int64)
+    ts = np.where(mask, fd.timestep[pos] // H, 0).astype(np.int64)
     return s, c, r, ts, mask.astype(np.float32)
 
 
-def prompt_sequence(fd: FlatData, codes: np.ndarray, ep: tuple[int, int, int], start: int, P: int, H: int,
-                    rtg_scale: float):
-    """A trajectory prompt: P skill steps (stride H) of episode `ep` from step `start` (right-padded)."""
+def prompt_sequence(fd: FlatData, codes: np.ndarray, ep: tuple[int, int, int], P: int, H: int, rtg_scale: float):
+    """A trajectory prompt (Prompt-DT, official `get_prompt`): the LAST P skill steps (stride H) of episode
+    `ep`, i.e. steps T - P*H, ..., T - H, left-padded when the episode has fewer than P skill steps.
+    Timesteps are skill-step indices t // H."""
     _, b, e = ep
-    pos = b + start + np.arange(P) * H
-    mask = pos < e
-    pos = np.where(mask, pos, b)
-    s = np.where(mask[:, None], fd.obs[pos], 0.0).astype(np.float32)
-    c = np.where(mask, codes[pos], 0).astype(np.int64)
-    r = np.where(mask, fd.rtg[pos] / rtg_scale, 0.0).astype(np.float32)[:, None]
-    ts = np.where(mask, fd.timestep[pos], 0).astype(np.int64)
-    return s, c, r, ts, mask.astype(np.float32)
+    T = e - b
+    n = min(P, T // H) if T >= H else 1
+    first = T - n * H if T >= H else T - 1
+    loc = first + np.arange(n) * H
+    pad = P - n
+    mask = np.concatenate([np.zeros(pad), np.ones(n)]).astype(np.float32)
+    pos = np.concatenate([np.full(pad, b), b + loc]).astype(np.int64)
+    m = mask > 0
+    s = np.where(m[:, None], fd.obs[pos], 0.0).astype(np.float32)
+    c = np.where(m, codes[pos], 0).astype(np.int64)
+    r = np.where(m, fd.rtg[pos] / rtg_scale, 0.0).astype(np.float32)[:, None]
+    ts = np.where(m, fd.timestep[pos] // H, 0).astype(np.int64)
+    return s, c, r, ts, mask

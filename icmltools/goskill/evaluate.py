@@ -61,7 +61,7 @@ class GoSkillAgent:
         cfg, d, n = self.cfg, self.device, len(self.tids)
         self.S.append(s)
         self.R.append((self.targets[self.tids] - self.acc) / cfg.scale)
-        self.T.append(np.full(n, min(t, cfg.max_ep_len - 1)))
+        self.T.append(np.full(n, min(t // cfg.H, cfg.max_ep_len - 1)))  # skill-step index (official)
         self.C.append(np.zeros(n, dtype=np.int64))  # the current code slot comes after the state token
         L = min(len(self.S), cfg.context)
         pad = cfg.context - L

@@ -245,17 +245,13 @@ def stage_baselines(run: Run, device, progress=None, methods=("mtbc", "mtbc_rtg"
     return out
 
 
-def _prompts(run: Run, skill: SkillModel, codes: np.ndarray, rng) -> dict:
-    """One trajectory prompt per task: a random segment of the task's highest-return episode."""
+def _prompts(run: Run, skill: SkillModel, codes: np.ndarray, rng=None) -> dict:
+    """One trajectory prompt per task: the last `prompt_len` skill steps of the task's highest-return episode
+    (official evaluation: `get_all_prompt`, one prompt episode)."""
     fd, cfg = run.flat(), run.cfg
     pool = TR.PromptPool(fd, 1)
-    out = {}
-    for tid in range(len(fd.tasks)):
-        ep = pool.by_task[tid][0]
-        T = ep[2] - ep[1]
-        start = int(rng.integers(0, max(1, T - (cfg.prompt_len - 1) * cfg.H)))
-        out[tid] = D.prompt_sequence(fd, codes, ep, start, cfg.prompt_len, cfg.H, cfg.scale)
-    return out
+    return {tid: D.prompt_sequence(fd, codes, pool.by_task[tid][0], cfg.prompt_len, cfg.H, cfg.scale)
+            for tid in range(len(fd.tasks))}
 
 
 def stage_evaluate(run: Run, device, methods, progress=None, eval_episodes: int | None = None) -> dict:

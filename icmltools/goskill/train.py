@@ -91,16 +91,19 @@ def action_mse(model: SkillModel, fd: D.FlatData, codes: np.ndarray, H: int, dev
 def enhance(model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, rng: np.random.Generator, device,
             progress=None) -> dict:
     """Skill enhancement (Sec. 4.2): fine-tune the decoder only, encoder and codebook frozen, on class-balanced
-    batches (the same number of windows for every used code)."""
+    batches (the same number of windows for every used code). The official loop takes one such step per
+    high-level step (so `enhance_iters` = `policy_iters` in the presets) with a balanced batch as large as a
+    phase-1 batch (`batch_size * n_tasks // valid_codes` windows per code): `enhance_per_code` = 0 does that."""
     model.to(device).train()
     for p in model.encoder.parameters():
         p.requires_grad_(False)
     params = list(model.decoder.parameters())
     opt, sched = _opt(params, cfg, cfg.enhance_iters)
     losses = []
+    per_code = enhance_per_code(cfg, codes)
     try:
         for it in range(cfg.enhance_iters):
-            idx = D.balanced_indices(codes, cfg.enhance_per_code, rng)
+            idx = D.balanced_indices(codes, per_code, rng)
             s, a, m = D.windows(fd, idx, cfg.H)
             s, a, m = _t(s, device), _t(a, device), _t(m, device)
             enc = model.state_changes(s).detach()
@@ -114,11 +117,20 @@ def enhance(model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, rng: np.r
     finally:
         for p in model.encoder.parameters():
             p.requires_grad_(True)
-    return {"iters": cfg.enhance_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+    return {"iters": cfg.enhance_iters, "per_code": per_code, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+
+
+def enhance_per_code(cfg, codes: np.ndarray) -> int:
+    """Windows per used code in a balanced batch: `cfg.enhance_per_code`, or (0) a phase-1-sized batch split
+    evenly over the used codes (official `get_batch_for_skill`)."""
+    if cfg.enhance_per_code > 0:
+        return int(cfg.enhance_per_code)
+    return max(1, cfg.extract_batch // max(1, len(np.unique(codes))))
 
 
 class PromptPool:
-    """Trajectory prompts: the `prompt_pool` highest-return episodes of each task."""
+    """Trajectory prompts: the `prompt_pool` highest-return episodes of each task; a prompt is the last
+    `prompt_len` skill steps of one of them, drawn at random (official `stochastic_prompt`)."""
 
     def __init__(self, fd: D.FlatData, k: int):
         self.by_task = {}
@@ -132,9 +144,7 @@ class PromptPool:
         for tid in task_ids:
             pool = self.by_task[int(tid)]
             ep = pool[int(rng.integers(len(pool)))]
-            T = ep[2] - ep[1]
-            start = int(rng.integers(0, max(1, T - (cfg.prompt_len - 1) * cfg.H)))
-            out.append(D.prompt_sequence(fd, codes, ep, start, cfg.prompt_len, cfg.H, cfg.scale))
+            out.append(D.prompt_sequence(fd, codes, ep, cfg.prompt_len, cfg.H, cfg.scale))
         return [np.stack(x) for x in zip(*out)]
 
 
