@@ -45,7 +45,8 @@ STAGES = "collect,extract,enhance,policy,baselines,evaluate"
 @click.option("--conditioning", type=click.Choice(["prompt", "task"]), default=None,
               help="High level identifies the task by a trajectory prompt (paper) or a task-id embedding.")
 @click.option("--extract-iters", type=click.IntRange(min=0), default=None)
-@click.option("--enhance-iters", type=click.IntRange(min=0), default=None)
+@click.option("--enhance-iters", type=click.IntRange(min=0), default=None,
+              help="Decoder-only enhancement steps (presets: = --policy-iters; the official loop takes one per high-level step).")
 @click.option("--policy-iters", type=click.IntRange(min=0), default=None)
 @click.option("--bc-iters", type=click.IntRange(min=0), default=None)
 @click.option("--eval-episodes", type=click.IntRange(min=1), default=None, help="Evaluation episodes per task.")
