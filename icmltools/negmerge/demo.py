@@ -299,11 +299,12 @@ def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable
     ranked = sorted(cand_rows, key=lambda r: (r["sel_forget_acc"], -r["sel_retain_acc"], r["index"]))
     best, median = ranked[0], ranked[(len(ranked) - 1) // 2]
 
-    entries = []  # (name, state_dict, extra)
+    entries = []  # (name, state_dict or None for a single candidate, extra)
     entries.append(("original", original, {}))
     entries.append(("retrain", retrain, {}))
     for name, row in (("task_arithmetic_best", best), ("task_arithmetic_median", median)):
-        entries.append((name, M.apply_to_state_dict(original, row["_tau"], row["lam"]),
+        # scored with the other single task vectors below (entry state None = take the candidate's metrics)
+        entries.append((name, None,
                         {"lam": row["lam"], "candidate": row["index"], "feasible": row["feasible"],
                          "hyperparameters": hps[row["index"]]}))
     for j, meth in enumerate(cfg.methods):
@@ -328,7 +329,12 @@ def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable
     cand_gaps = [r["avg_gap"] for r in cand_rows]
     methods = []
     for name, sd, extra in entries:
-        m = ref if name == "retrain" else ev.full(sd, seed)
+        if name == "retrain":
+            m = ref
+        elif sd is None:
+            m = {k: cand_rows[extra["candidate"]][k] for k in GAP_KEYS}
+        else:
+            m = ev.full(sd, seed)
         row = {"method": name, **m, "avg_gap": avg_gap(m, ref)}
         row["beats_candidates"] = sum(g > row["avg_gap"] for g in cand_gaps) / len(cand_gaps)
         row.update(extra)
