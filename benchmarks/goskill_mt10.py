@@ -125,16 +125,8 @@ def oracle(run_dir: str, tasks: list[str], episodes: int, key: str = "skill_enha
                             _restore(env, snap)
                             g = fd.normalize(o2) - fd.normalize(obs)
                             oc = skill.codes_of(torch.as_tensor(g[None]))
-                            if mode == "oracle":   # the agent's decoder path, with the code replaced
-                                agent.code, agent.in_s, agent.in_a = oc, [], []
-                        if mode == "oracle":
-                            s = torch.as_tensor(fd.normalize(obs))[None]
-                            agent.in_s.append(s)
-                            S = torch.stack(agent.in_s, 1)
-                            A = torch.stack(agent.in_a, 1) if agent.in_a else S.new_zeros(1, 0, fd.actions.shape[1])
-                            a = skill.act(agent.code, S, A, t % H)
-                            agent.in_a.append(a)
-                            act = a[0].numpy()
+                        if mode == "oracle":   # the agent's own decoder path, with the code replaced
+                            act = agent.act(obs[None], t, code=oc if t % H == 0 else None)[0]
                         else:
                             act = agent.act(obs[None], t)[0]
                             if t % H == 0:

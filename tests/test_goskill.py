@@ -87,6 +87,33 @@ def test_eval_timesteps_match_training_skill_step_index():
     assert [x[0].tolist() for x in seen] == [[0, 0, 0], [0, 0, 1], [0, 1, 2], [1, 2, 3]]
 
 
+def test_agent_code_override_skips_the_high_level_and_drives_the_decoder():
+    """`act(..., code=c)` at a skill start (the oracle diagnostic) hands c to the decoder for the next H steps,
+    with the in-skill history reset, and never calls the high level."""
+    from icmltools.goskill.evaluate import GoSkillAgent
+
+    cfg = make_config("quick", tasks="toy-a", H=3, context=2, conditioning="task", vq_dim=4, n_codes=4)
+    calls, seen = [], []
+
+    class HL(torch.nn.Module):
+        def forward(self, *a, **k):
+            calls.append(1)
+            return torch.zeros(1, 2, 4)
+
+    class Skill(torch.nn.Module):
+        def act(self, code, S, A, k):
+            seen.append((int(code.item()), S.shape[1], A.shape[1], k))
+            return torch.zeros(S.shape[0], 2)
+
+    agent = GoSkillAgent(HL(), Skill(), cfg, np.zeros(6, np.float32), np.ones(6, np.float32), np.ones(1), {}, "cpu", 2)
+    agent.reset(np.array([0]))
+    for t in range(6):
+        c = torch.tensor([2 if t < 3 else 1]) if t % 3 == 0 else None
+        agent.act(np.zeros((1, 6), np.float32), t, code=c)
+    assert not calls and agent.decisions == 0
+    assert seen == [(2, 1, 0, 0), (2, 2, 1, 1), (2, 3, 2, 2), (1, 1, 0, 0), (1, 2, 1, 1), (1, 3, 2, 2)]
+
+
 def test_vq_kmeans_init_nearest_ema_and_straight_through():
     g = torch.Generator().manual_seed(0)
     centres = torch.tensor([[3.0, 0.0], [-3.0, 0.0], [0.0, 3.0]])
@@ -221,6 +248,28 @@ def test_metaworld_smoke_reach_v3(tmp_path):
     assert e["actions"].shape == (8, 4) and np.all(np.abs(e["actions"]) <= 1)
     assert np.allclose(e["next_observations"][:-1], e["observations"][1:])
     assert summary["per_task"]["reach-v3"]["mean_return"] > 0
+
+
+def test_metaworld_goals_follow_the_seed_not_the_global_rng():
+    """Reset goals come from the env's seeded generator (MetaWorld's default draws from the global np.random,
+    which made --seed runs differ); `reseed` rewinds the sequence so every method faces the same goals."""
+    from icmltools.goskill.tasks import MetaWorldBackend
+
+    b = MetaWorldBackend()
+
+    def goals(env, n=3):
+        return [b.reset(env)[-3:].copy() for _ in range(n)]
+
+    env = b.make("reach-v3", 123)
+    first = goals(env)
+    np.random.seed(999)                       # the global RNG must not matter
+    env2 = b.make("reach-v3", 123)
+    np.random.rand(5)
+    assert np.array_equal(np.stack(goals(env2)), np.stack(first))
+    assert not np.array_equal(first[0], first[1])   # still a new goal on every reset
+    b.reseed(env)
+    assert np.array_equal(np.stack(goals(env)), np.stack(first))
+    assert not np.array_equal(goals(b.make("reach-v3", 124), 1)[0], first[0])
 
 
 def test_cli_toy_end_to_end_and_stage_by_stage(run_cli, tmp_path):

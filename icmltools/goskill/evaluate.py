@@ -81,12 +81,15 @@ class GoSkillAgent:
         return code
 
     @torch.no_grad()
-    def act(self, obs: np.ndarray, t: int) -> np.ndarray:
+    def act(self, obs: np.ndarray, t: int, code: torch.Tensor | None = None) -> np.ndarray:
+        """One action per env. At a skill start (t % H == 0) the high level picks the code, unless `code` is
+        given (diagnostics: drive the decoder with an oracle code); in between the decoder sees the in-skill
+        history."""
         H, d = self.cfg.H, self.device
         s = ((obs - self.mean) / self.std).astype(np.float32)
         k = t % H
         if k == 0:
-            self.code = self._choose(s, t)
+            self.code = self._choose(s, t) if code is None else code.to(d)
             self.in_s, self.in_a = [], []
         self.in_s.append(torch.as_tensor(s, device=d))
         S = torch.stack(self.in_s, 1)
@@ -101,11 +104,14 @@ class GoSkillAgent:
 
 def evaluate(agent, backend, tasks: list[str], episodes: int, max_steps: int, seed: int, envs_per_task: int = 1,
              envs=None, progress=None, desc: str = "evaluate") -> dict:
-    """Run `episodes` episodes per task; returns per-task success rate and mean return."""
+    """Run `episodes` episodes per task; returns per-task success rate and mean return. Shared `envs` are
+    rewound to their seeds first, so every method evaluated on them faces the same goals."""
     E = max(1, min(envs_per_task, episodes))
     if envs is None:
         envs = build_envs(backend, tasks, E, seed)
     slots = [(k, env) for k, row in enumerate(envs) for env in row[:E]]
+    for _, env in slots:
+        backend.reseed(env)
     tids = np.array([k for k, _ in slots])
     succ = [[] for _ in tasks]
     rets = [[] for _ in tasks]

@@ -84,7 +84,17 @@ class MetaWorldBackend:
         with quiet():
             env = go[task + "-goal-observable"](seed=int(seed))
             env._freeze_rand_vec = False  # sample a new goal position on every reset
+            # ... from the env's own seeded generator: MetaWorld otherwise draws reset goals from the global
+            # np.random, so collection and evaluation would not be reproducible under --seed
+            env.seeded_rand_vec = True
+        env._icml_seed = int(seed)
         return env
+
+    @staticmethod
+    def reseed(env):
+        """Rewind the env's goal sequence to its seed (every evaluated method then sees the same goals)."""
+        with quiet():
+            env.seed(env._icml_seed)
 
     def expert(self, task: str) -> Callable[[np.ndarray], np.ndarray]:
         pol = _metaworld()[3][task]()
@@ -123,6 +133,7 @@ class ToyEnv:
         if task not in self.GOALS:
             raise BadInputError(f"unknown toy task {task!r}")
         self.task = task
+        self.seed = seed
         self.rng = np.random.default_rng(seed)
         self.pos = np.zeros(2)
         self.goal = np.asarray(self.GOALS[task], dtype=np.float64)
@@ -143,6 +154,10 @@ class ToyBackend:
         def act(obs):
             return np.clip((obs[2:4] - obs[:2]) * 10.0, -1.0, 1.0)
         return act
+
+    @staticmethod
+    def reseed(env):
+        env.rng = np.random.default_rng(env.seed)
 
     @staticmethod
     def reset(env):
