@@ -26,9 +26,32 @@ class IcmlClickError(click.ClickException):
     """An `IcmlError` rendered by click as one `Error: ...` line with the error's exit code."""
 
     def __init__(self, err: IcmlError):
-        msg = err.message + (f" (hint: {err.hint})" if err.hint else "")
+        msg = err.render(getattr(err, "flag", None)) + (f" (hint: {err.hint})" if err.hint else "")
         super().__init__(msg)
         self.exit_code = err.exit_code
+
+
+def flag_for(ctx: click.Context | None, param: str | None, aliases: dict | None = None) -> str | None:
+    """The command-line flag that feeds library parameter `param` in this command (None if none does).
+
+    Commands name their click parameters after the library's, so the lookup is by name; `aliases`
+    maps the exceptions (library name -> flag)."""
+    if not param:
+        return None
+    if aliases and param in aliases:
+        return aliases[param]
+    while ctx is not None:
+        for p in getattr(ctx.command, "params", ()):
+            if p.name == param and isinstance(p, click.Option):
+                longs = [o for o in p.opts if o.startswith("--")]
+                return max(longs or p.opts, key=len)
+        ctx = ctx.parent
+    return None
+
+
+def _annotate(err: IcmlError, ctx: click.Context | None, aliases: dict | None = None) -> None:
+    if getattr(err, "flag", None) is None:
+        err.flag = flag_for(ctx, err.param, aliases)
 
 
 def debug_enabled() -> bool:
@@ -73,8 +96,75 @@ def quiet_options(f):
 
 
 def seed_option(f):
-    return click.option("--seed", type=int, default=0, show_default=True,
-                        help="Seeds python, numpy and torch once.")(f)
+    return click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+                        help="Root of every random stream (core.seed.derive); also seeds python, numpy and torch.")(f)
+
+
+class CommaList(click.ParamType):
+    """A comma-separated list option: `--pe rope,fope`, `--errors 0.9,0.5`.
+
+    `choices` (kept once, in the method's stdlib-only `options` module) are matched case-insensitively;
+    `all` expands to every choice when `allow_all`; duplicates are dropped in order. `kind=float` parses
+    numbers (finite only). Returns a tuple.
+    """
+
+    name = "list"
+
+    def __init__(self, choices=None, kind=str, allow_all: bool = False, min_items: int = 1, positive: bool = False):
+        self.choices = tuple(choices) if choices is not None else None
+        self.kind = kind
+        self.allow_all = allow_all
+        self.min_items = min_items
+        self.positive = positive
+
+    def get_metavar(self, param, ctx=None):
+        if self.choices:
+            return "[" + ",".join(self.choices + (("all",) if self.allow_all else ())) + "]"
+        return "X,Y,..." if self.kind is str else "N,N,..."
+
+    def shell_complete(self, ctx, param, incomplete):
+        from click.shell_completion import CompletionItem
+
+        head, _, last = incomplete.rpartition(",")
+        prefix = head + "," if head else ""
+        return [CompletionItem(prefix + c) for c in (self.choices or ()) if c.startswith(last)]
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        items = [v.strip() for v in str(value).split(",") if v.strip()]
+        out: list = []
+        for item in items:
+            if self.kind is float:
+                import math
+
+                try:
+                    x = float(item)
+                except ValueError:
+                    self.fail(f"{item!r} is not a number (expected comma-separated numbers)", param, ctx)
+                if not math.isfinite(x):
+                    self.fail(f"{item!r} is not a finite number", param, ctx)
+                if self.positive and not x > 0:
+                    self.fail(f"{item!r}: expected positive numbers", param, ctx)
+                out.append(x)
+                continue
+            if self.choices is None:
+                out.append(item)
+                continue
+            low = item.lower()
+            if self.allow_all and low == "all":
+                out.extend(self.choices)
+                continue
+            match = [c for c in self.choices if c.lower() == low]
+            if not match:
+                extra = " or all" if self.allow_all else ""
+                self.fail(f"unknown {item!r}; choose from {', '.join(self.choices)}{extra} (comma-separated)",
+                          param, ctx)
+            out.append(match[0])
+        out = list(dict.fromkeys(out))
+        if len(out) < self.min_items:
+            self.fail(f"give at least {self.min_items} item(s)", param, ctx)
+        return tuple(out)
 
 
 def device_option(f):
@@ -109,11 +199,42 @@ def standard_options(seed: bool = True, device: bool = False, threads: bool = Fa
     return deco
 
 
-def command(name: str, **kwargs):
-    """`click.command` with the house settings: -h, show_default, env vars via auto prefix."""
-    settings = {"help_option_names": ["-h", "--help"], "show_default": True}
+HOUSE_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
+
+
+def maps_params(aliases: dict | None = None):
+    """Wrap a callback so that a library error naming a parameter is shown with its flag (`--lam: ...`)."""
+    def deco(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            try:
+                return f(*args, **kwargs)
+            except IcmlError as e:
+                _annotate(e, click.get_current_context(silent=True), aliases)
+                raise
+        return wrapper
+    return deco
+
+
+def command(name: str, param_flags: dict | None = None, **kwargs):
+    """`click.command` with the house settings (-h, show_default; env vars come from the root's
+    auto prefix) and library-parameter -> flag mapping of errors (`param_flags` for names that differ)."""
+    settings = dict(HOUSE_SETTINGS)
     settings.update(kwargs.pop("context_settings", {}))
-    return click.command(name, context_settings=settings, **kwargs)
+
+    def deco(f):
+        return click.command(name, context_settings=settings, **kwargs)(maps_params(param_flags)(f))
+    return deco
+
+
+def group(name: str, **kwargs):
+    """`click.group` with the house settings; add subcommands made with `command(...)`."""
+    settings = dict(HOUSE_SETTINGS)
+    settings.update(kwargs.pop("context_settings", {}))
+
+    def deco(f):
+        return click.group(name, context_settings=settings, **kwargs)(maps_params()(f))
+    return deco
 
 
 # --------------------------------------------------------------------------------------------- console
@@ -155,17 +276,28 @@ class _RichProgress:
 
 
 class CommandRun:
-    """One command invocation: logging, seeding, device, threads, timing, stdout guard, the envelope.
+    """One command invocation: logging, seeding, device, threads, timing, stdout guard, run folder, envelope.
 
     Use as a context manager around the work; set `run.result` (and `run.artifacts`); the envelope is
     printed on stdout when the block ends without error. Anything written to stdout inside the block
     (including C libraries writing to fd 1) is sent to stderr so stdout stays one JSON document.
+
+    `packages` are imported on entry (their versions go in the envelope), then the thread pools are
+    sized once (`core.device.set_threads`). `reference` is the method's paper (the method's `options`
+    module holds it). `run.make_dir(out)` creates the run folder; the run writes its `config.json` then
+    and its `result.json` on success, and removes a folder it created if the command fails before
+    anything else was written into it.
     """
 
     def __init__(self, ctx: click.Context, command: str, *, seed: int | None = None, device: str | None = None,
-                 threads: int | None = None, packages: tuple = ("numpy", "torch"), seed_torch: bool = True):
+                 threads: int | None = None, packages: tuple = ("numpy", "torch"), seed_torch: bool = True,
+                 reference: dict | None = None, param_flags: dict | None = None):
         self.ctx = ctx
         self.command = command
+        self.reference = reference
+        self.param_flags = param_flags
+        self.run_dir = None
+        self._made_dir = False
         params = dict(ctx.params)
         self.quiet = _merge_flag(ctx, "quiet", params.get("quiet"))
         self.verbose = _merge_flag(ctx, "verbose", params.get("verbose"))
@@ -220,6 +352,11 @@ class CommandRun:
 
     def __enter__(self):
         self._setup_logging()
+        import importlib
+
+        for name in self.packages:  # heavy imports first: thread limits then reach every loaded pool
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
         if self.threads is not None:
             from icmltools.core.device import set_threads
 
@@ -281,6 +418,49 @@ class CommandRun:
         self._streamed = True
         self._write(dumps(record) + "\n")
 
+    # ---- the run folder
+    def make_dir(self, out=None, allow_existing: bool = False, config: dict | None = None):
+        """Create (or, with `allow_existing`, reuse) the run folder: `--out DIR` or
+        `$ICML_RUNS_DIR/<command>/<timestamp>/`; writes `config.json` (command, version, seed, params, and
+        the library's resolved `config` if given) and records both in the artifacts."""
+        from pathlib import Path
+
+        from icmltools.core.jsonio import atomic_write_json
+        from icmltools.core.runs import make_run_dir
+
+        existed = out is not None and Path(out).exists() and any(Path(out).iterdir())
+        d = make_run_dir(self.command, out, allow_existing=allow_existing)
+        self.run_dir, self._made_dir = d, not existed
+        doc = {"command": self.command, "icml_version": self._version(), "seed": self.seed,
+               "device": self.device, "params": to_jsonable(self.params)}
+        if config is not None:
+            doc["config"] = to_jsonable(config)
+        atomic_write_json(d / "config.json", doc)
+        self.artifacts["run_dir"] = str(d)
+        self.artifacts["config"] = str(d / "config.json")
+        return d
+
+    @staticmethod
+    def _version() -> str:
+        from icmltools import __version__
+
+        return __version__
+
+    def _finish_dir(self, ok: bool) -> None:
+        if self.run_dir is None:
+            return
+        if ok:
+            from icmltools.core.jsonio import atomic_write_json
+
+            atomic_write_json(self.run_dir / "result.json", self.result)
+            self.artifacts["result"] = str(self.run_dir / "result.json")
+        elif self._made_dir:
+            import shutil
+
+            left = [p.name for p in self.run_dir.iterdir()] if self.run_dir.exists() else []
+            if set(left) <= {"config.json"}:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+
     # ---- the envelope
     def envelope(self) -> dict:
         device = self.device
@@ -290,11 +470,14 @@ class CommandRun:
             device = device_info(device)
         return Envelope(command=self.command, params=to_jsonable(self.params), device=device, seed=self.seed,
                         result=self.result, artifacts=self.artifacts, timing=self.timer.as_dict(),
-                        packages=self.packages).to_dict()
+                        packages=self.packages, reference=self.reference).to_dict()
 
     def __exit__(self, exc_type, exc, tb):
+        if isinstance(exc, IcmlError):
+            _annotate(exc, self.ctx, self.param_flags)
         try:
             if exc_type is None:
+                self._finish_dir(ok=True)
                 doc = self.envelope()
                 indent = 2 if (not self._streamed and _is_tty(self._out)) else None
                 text = dumps(doc, indent=indent)
@@ -302,6 +485,7 @@ class CommandRun:
                 self._write(text + "\n")
             else:
                 self._restore_stdout()
+                self._finish_dir(ok=False)
         finally:
             if self._out_owned:
                 with contextlib.suppress(Exception):
@@ -316,9 +500,3 @@ def _is_tty(stream) -> bool:
         return False
 
 
-def write_json_artifact(run: CommandRun, name: str, path, obj) -> None:
-    """Atomically write `obj` as JSON to `path` and record it under `artifacts[name]`."""
-    from icmltools.core.jsonio import atomic_write_json
-
-    atomic_write_json(path, obj)
-    run.artifacts[name] = str(path)

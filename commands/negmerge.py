@@ -114,19 +114,12 @@ def _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_metho
     if export_demo:
         run.artifacts["demo_checkpoints"] = export_demo
     if out:
-        from icmltools.core.runs import make_run_dir
-
-        d = make_run_dir("negmerge", out)
-        common.write_json_artifact(run, "result", d / "result.json", res)
-        common.write_json_artifact(run, "config", d / "config.json", run.params)
+        run.make_dir(out)
 
 
 def _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
            ties_k, dare_p, out_format, per_tensor, seed, out):
-    import shutil
-
     from icmltools.core.errors import BadInputError
-    from icmltools.core.runs import make_run_dir
     from icmltools.negmerge import api, merge, search
 
     if lam is None and lam_grid is None:
@@ -137,17 +130,10 @@ def _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eva
     cfg = merge.MergeConfig(method=method, ties_k=ties_k, dare_p=dare_p, index=ta_index, seed=seed)
     with run.timer.phase("open"):
         job = api.prepare_files(base, candidates, cfg, out_format)
-    d = make_run_dir("negmerge", out)
-    try:
-        with run.progress() as cb, run.timer.phase("merge"):
-            res = api.merge_files(job, d, lam=lam, lam_grid=grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
-                                  retain_ratio=retain_ratio, patience=patience, device=run.device,
-                                  per_tensor=per_tensor, progress=cb)
-    except BaseException:
-        if d.exists() and not any(d.iterdir()):
-            shutil.rmtree(d, ignore_errors=True)
-        raise
+    d = run.make_dir(out)
+    with run.progress() as cb, run.timer.phase("merge"):
+        res = api.merge_files(job, d, lam=lam, lam_grid=grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
+                              retain_ratio=retain_ratio, patience=patience, device=run.device,
+                              per_tensor=per_tensor, progress=cb)
     run.result = res
     run.artifacts["merged"] = res["output"]
-    common.write_json_artifact(run, "config", d / "config.json", run.params)
-    common.write_json_artifact(run, "result", d / "result.json", res)

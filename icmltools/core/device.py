@@ -60,16 +60,25 @@ def device_info(device: str) -> dict:
     return info
 
 
-def set_threads(n: int | None) -> int | None:
-    """Limit torch and BLAS/OpenMP thread pools to `n` threads (None leaves them alone).
+_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
 
-    On small models and 2 shared cores one thread was measured 25-50x faster than two.
-    Returns the applied count. The threadpoolctl limit is global for the process lifetime.
+
+def set_threads(n: int | None) -> int | None:
+    """The one place thread pools are sized: torch, every BLAS/OpenMP pool already loaded (threadpoolctl),
+    and, through the environment, those loaded later and those of child processes.
+
+    Call it once, after the heavy imports (`CommandRun` does). On small models and 2 shared cores one
+    thread was measured 25-50x faster than two. None leaves everything alone; returns the count applied.
     """
     if n is None:
         return None
-    if n < 1:
-        raise BadInputError("--threads must be >= 1")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise BadInputError(f"threads must be an integer >= 1, got {n!r}", param="threads")
+    import os
+
+    for var in _THREAD_ENV:
+        os.environ[var] = str(n)
     try:
         from threadpoolctl import threadpool_limits
 
@@ -79,7 +88,8 @@ def set_threads(n: int | None) -> int | None:
     try:
         import torch
 
-        torch.set_num_threads(n)
+        if torch.get_num_threads() != n:
+            torch.set_num_threads(n)
     except ImportError:  # pragma: no cover
         pass
     return n

@@ -1,6 +1,7 @@
 """The one JSON envelope every command prints.
 
-Keys: schema_version, command, icml_version, params, device, seed, result, artifacts, timing, env.
+Keys: schema_version, command, icml_version, reference (the method's paper), params, device, seed, result,
+artifacts, timing, env.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from icmltools import SCHEMA_VERSION, __version__
 
 from .envinfo import versions
 
-ENVELOPE_KEYS = ("schema_version", "command", "icml_version", "params", "device", "seed", "result",
+ENVELOPE_KEYS = ("schema_version", "command", "icml_version", "reference", "params", "device", "seed", "result",
                  "artifacts", "timing", "env")
 
 
@@ -53,12 +54,14 @@ class Envelope:
     artifacts: dict = field(default_factory=dict)
     timing: dict = field(default_factory=dict)
     packages: tuple = ("numpy", "torch")
+    reference: dict | None = None
 
     def to_dict(self) -> dict:
         return {
             "schema_version": SCHEMA_VERSION,
             "command": self.command,
             "icml_version": __version__,
+            "reference": self.reference,
             "params": self.params,
             "device": self.device,
             "seed": self.seed,

@@ -1,6 +1,10 @@
 """Typed errors raised by the library; the CLI boundary turns them into one `Error:` line.
 
 `exit_code` follows click: 2 for bad input / usage, 1 for runtime failures.
+
+The library names its own parameters, never command-line flags: `BadInputError("must be finite",
+param="lam")` reads `lam: must be finite` from Python, and the command layer renders it with the flag
+that feeds that parameter (`--lam: must be finite`).
 """
 from __future__ import annotations
 
@@ -10,10 +14,16 @@ class IcmlError(Exception):
 
     exit_code = 1
 
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
+    def __init__(self, message: str, hint: str | None = None, param: str | None = None):
         self.message = message
         self.hint = hint
+        self.param = param
+        super().__init__(self.render())
+
+    def render(self, name: str | None = None) -> str:
+        """The message, prefixed with `name` (a flag), or with the parameter's own name."""
+        who = name or self.param
+        return f"{who}: {self.message}" if who else self.message
 
 
 class BadInputError(IcmlError):

@@ -20,9 +20,10 @@ def make_run_dir(command: str, out: str | os.PathLike | None = None, allow_exist
     if out is not None:
         d = Path(out)
         if d.exists() and not d.is_dir():
-            raise BadInputError(f"--out {d}: exists and is not a directory")
+            raise BadInputError(f"{d}: exists and is not a directory", param="out")
         if d.exists() and any(d.iterdir()) and not allow_existing:
-            raise BadInputError(f"--out {d}: directory is not empty", hint="choose a new folder (or resume where supported)")
+            raise BadInputError(f"{d}: directory is not empty", param="out",
+                              hint="choose a new folder (or resume where supported)")
         d.mkdir(parents=True, exist_ok=True)
         return d
     stamp = time.strftime("%Y%m%d-%H%M%S")
