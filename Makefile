@@ -1,14 +1,22 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 
-.PHONY: install test demo completions bench clean
+.PHONY: install test test-fast lint demo completions bench clean
 
 install:
 	$(PIP) install torch==2.13.0 || $(PIP) install 'torch>=2.2,<=2.14.1'
 	$(PIP) install -e '.[test]'
 
-test: install
+lint:
+	$(PY) -m ruff check .
+
+# The README's test command: install, lint, the whole suite (CPU only).
+test: install lint
 	$(PY) -m pytest
+
+# Everything but the tests marked slow (no install step: for the edit-test loop).
+test-fast: lint
+	$(PY) -m pytest -m "not slow"
 
 demo: install
 	icml onemax-sim --mode worst-case --theta 16 --lam 0.5

@@ -166,10 +166,10 @@ def _current_umask():
 
 
 def test_device_resolution():
+    import torch
+
     from icmltools.core.device import resolve_device
     from icmltools.core.errors import BadInputError, DeviceUnavailableError
-
-    import torch
 
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") in ("cpu", "mps") or resolve_device("auto").startswith("cuda")

@@ -15,6 +15,35 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+_UNCONVERTED = object()
+
+
+def _array_like(obj: Any) -> Any:
+    """numpy / torch values as plain Python (or `_UNCONVERTED`)."""
+    mod = type(obj).__module__
+    if mod == "numpy" or mod.startswith("numpy."):
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return obj.tolist()
+        if isinstance(obj, np.dtype):
+            return str(obj)
+        if isinstance(obj, np.generic):
+            return obj.item()
+    if mod.startswith("torch"):
+        import torch
+
+        if isinstance(obj, torch.Tensor):
+            return obj.detach().cpu().tolist()
+        if isinstance(obj, (torch.dtype, torch.device)):
+            return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):
+        try:
+            return obj.item()
+        except Exception:
+            pass
+    return _UNCONVERTED
+
 
 def to_jsonable(obj: Any) -> Any:
     """Recursively convert `obj` to plain JSON types; non-finite floats become None."""
@@ -33,33 +62,8 @@ def to_jsonable(obj: Any) -> Any:
         return str(obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    mod = type(obj).__module__
-    if mod == "numpy" or mod.startswith("numpy."):
-        import numpy as np
-
-        if isinstance(obj, np.ndarray):
-            return to_jsonable(obj.tolist())
-        if isinstance(obj, np.bool_):
-            return bool(obj)
-        if isinstance(obj, np.integer):
-            return int(obj)
-        if isinstance(obj, np.floating):
-            return to_jsonable(float(obj))
-        if isinstance(obj, np.dtype):
-            return str(obj)
-    if mod.startswith("torch"):
-        import torch
-
-        if isinstance(obj, torch.Tensor):
-            return to_jsonable(obj.detach().cpu().tolist())
-        if isinstance(obj, (torch.dtype, torch.device)):
-            return str(obj)
-    if hasattr(obj, "item") and callable(obj.item):
-        try:
-            return to_jsonable(obj.item())
-        except Exception:
-            pass
-    return str(obj)
+    plain = _array_like(obj)
+    return str(obj) if plain is _UNCONVERTED else to_jsonable(plain)
 
 
 def dumps(obj: Any, indent: int | None = None) -> str:

@@ -1,0 +1,198 @@
+"""The cross-cutting pieces: seed derivation, comma lists, parameter -> flag errors, run folders, threads."""
+import json
+import os
+
+import click
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from icmltools.commands import common
+from icmltools.core.errors import BadInputError
+from icmltools.core.seed import as_stream, derive
+
+# ------------------------------------------------------------------------------------------------ seeds
+
+
+def test_same_keys_same_stream_and_stages_differ():
+    a = derive(3, "extract").numpy().random(5)
+    assert np.array_equal(a, derive(3, "extract").numpy().random(5))
+    assert not np.array_equal(a, derive(3, "policy").numpy().random(5))
+    assert not np.array_equal(a, derive(4, "extract").numpy().random(5))
+    # ints and strings are different keys; order matters
+    assert not np.array_equal(derive(3, 1, 2).numpy().random(3), derive(3, 2, 1).numpy().random(3))
+    t1 = torch.rand(4, generator=derive(3, "x").torch())
+    assert torch.equal(t1, torch.rand(4, generator=derive(3, "x").torch()))
+    assert not torch.equal(t1, torch.rand(4, generator=derive(3, "y").torch()))
+
+
+def test_derive_matches_numpy_seed_sequence_lists():
+    """derive(seed, a, b) is numpy's default_rng([seed, a, b]): existing SeedSequence streams keep their numbers."""
+    assert np.array_equal(derive(7, 3, 17).numpy().random(4), np.random.default_rng([7, 3, 17]).random(4))
+    assert derive(7).numpy().random() == np.random.default_rng(7).random()
+
+
+def test_child_equals_longer_derivation_and_as_stream():
+    assert derive(1, "a").child("b", 2).int() == derive(1, "a", "b", 2).int()
+    assert as_stream(1, "a").int() == derive(1, "a").int()
+    assert as_stream(derive(1, "a"), "b").int() == derive(1, "a", "b").int()
+
+
+def test_torch_init_is_reproducible_and_leaves_global_state_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    with derive(0, "init").torch_init():
+        w1 = torch.nn.Linear(4, 3).weight.detach().clone()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    with derive(0, "init").torch_init():
+        w2 = torch.nn.Linear(4, 3).weight.detach().clone()
+    assert torch.equal(w1, w2)
+    # a stage run alone gives the numbers it gives after other stages consumed the global generator
+    torch.rand(1000)
+    with derive(0, "init").torch_init():
+        w3 = torch.nn.Linear(4, 3).weight.detach().clone()
+    assert torch.equal(w1, w3)
+
+
+def test_derive_refuses_bad_keys():
+    with pytest.raises(ValueError):
+        derive(-1)
+    with pytest.raises(ValueError):
+        derive(0, -2)
+    with pytest.raises(TypeError):
+        derive(0, 1.5)
+
+
+def test_library_never_seeds_global_state():
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "icmltools"
+    pat = re.compile(r"torch\.manual_seed|np\.random\.seed\(|torch\.cuda\.manual_seed|default_rng\(")
+    bad = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "seed.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1)
+           if pat.search(line) and not line.lstrip().startswith("#")]
+    assert not bad, bad
+
+
+class _Group(click.Group):
+    """A group with the root's error boundary (library errors -> one `Error:` line, exit 2/1)."""
+
+    def invoke(self, ctx):
+        return common.run_guarded(lambda: super(_Group, self).invoke(ctx))
+
+
+def _invoke(cmd, args):
+    g = _Group("g")
+    g.add_command(cmd)
+    return CliRunner().invoke(g, [cmd.name, *args])
+
+
+# ------------------------------------------------------------------------------------------------ comma lists
+
+
+def _cmd(ptype):
+    @common.command("t")
+    @click.option("--x", type=ptype, default=None)
+    def t(x):
+        click.echo(json.dumps(list(x) if x is not None else None))
+    return t
+
+
+def test_comma_list_choices_all_case_and_dedup():
+    t = _cmd(common.CommaList(("rope", "fope", "nope"), allow_all=True))
+    r = CliRunner().invoke(t, ["--x", "FoPE, rope,fope"])
+    assert r.exit_code == 0 and json.loads(r.stdout) == ["fope", "rope"]
+    r = CliRunner().invoke(t, ["--x", "nope,all"])
+    assert json.loads(r.stdout) == ["nope", "rope", "fope"]
+    r = CliRunner().invoke(t, ["--x", "rope,alibi"])
+    assert r.exit_code == 2 and "alibi" in r.output and "choose from rope, fope, nope" in r.output
+    r = CliRunner().invoke(t, ["--x", " , "])
+    assert r.exit_code == 2
+
+
+def test_comma_list_numbers_are_finite():
+    t = _cmd(common.CommaList(kind=float, positive=True))
+    assert json.loads(CliRunner().invoke(t, ["--x", "1,2.5,8"]).stdout) == [1.0, 2.5, 8.0]
+    for bad in ("1,nan", "inf", "1,-2", "1,x"):
+        r = CliRunner().invoke(t, ["--x", bad])
+        assert r.exit_code == 2, bad
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def test_library_parameter_errors_are_shown_with_the_flag():
+    err = BadInputError("must be finite", param="lam")
+    assert str(err) == "lam: must be finite"
+
+    @common.command("t")
+    @click.option("--lam", "lam", type=float)
+    @click.option("--m", "lower", type=float)
+    def t(lam, lower):
+        raise BadInputError("must be finite", param="lower" if lower else "lam")
+
+    r = _invoke(t, ["--lam", "1"])
+    assert r.exit_code == 2 and r.stderr.strip() == "Error: --lam: must be finite"
+    r = _invoke(t, ["--m", "1"])
+    assert r.stderr.strip() == "Error: --m: must be finite"
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+
+
+def _runner_cmd(fail: str | None):
+    @common.command("rf")
+    @click.option("--out", default=None)
+    @common.standard_options(seed=True)
+    @click.pass_context
+    def rf(ctx, out, seed, quiet, verbose):
+        with common.CommandRun(ctx, "rf", seed=seed, packages=("numpy",), reference={"title": "T"}) as run:
+            d = run.make_dir(out, config={"k": 1})
+            if fail == "early":
+                raise BadInputError("bad", param="out")
+            if fail == "late":
+                (d / "weights.bin").write_bytes(b"x")
+                raise BadInputError("bad")
+            run.result = {"answer": 42}
+    return rf
+
+
+def test_run_folder_written_once_by_the_run(tmp_path):
+    r = _invoke(_runner_cmd(None), ["--out", str(tmp_path / "o"), "--seed", "5"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    cfg = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert cfg["command"] == "rf" and cfg["seed"] == 5 and cfg["config"] == {"k": 1} and cfg["params"]["seed"] == 5
+    assert json.loads((tmp_path / "o" / "result.json").read_text()) == {"answer": 42}
+    assert doc["artifacts"]["result"].endswith("result.json") and doc["reference"] == {"title": "T"}
+    # a second run into the same non-empty folder is refused
+    r = _invoke(_runner_cmd(None), ["--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--out:" in r.stderr and "not empty" in r.stderr
+
+
+def test_failed_run_leaves_no_empty_folder_but_keeps_partial_work(tmp_path):
+    r = _invoke(_runner_cmd("early"), ["--out", str(tmp_path / "e")])
+    assert r.exit_code == 2 and not (tmp_path / "e").exists()
+    r = _invoke(_runner_cmd("late"), ["--out", str(tmp_path / "l")])
+    assert r.exit_code == 2 and (tmp_path / "l" / "weights.bin").exists()
+    assert not (tmp_path / "l" / "result.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ threads
+
+
+def test_set_threads_sizes_torch_and_child_processes(monkeypatch):
+    from icmltools.core.device import set_threads
+
+    old = torch.get_num_threads()
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(var, "7")
+    try:
+        assert set_threads(1) == 1
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        with pytest.raises(BadInputError):
+            set_threads(0)
+    finally:
+        torch.set_num_threads(old)
