@@ -83,81 +83,82 @@ def _fmt(v: float) -> str:
     return repr(float(v))
 
 
-def mps_text(milp: Milp) -> str:
-    """Free-format MPS text (deterministic: same Milp, same bytes). Every bound is written explicitly."""
-    out = io.StringIO()
-    w = out.write
-    w(f"NAME {milp.name}\n")
-    w("OBJSENSE\n    " + ("MAX" if milp.sense == "maximize" else "MIN") + "\n")
-    w("ROWS\n N  obj\n")
-    kinds = []
-    for i, name in enumerate(milp.cons_names):
-        lo, hi = milp.lhs[i], milp.rhs[i]
-        if np.isfinite(lo) and np.isfinite(hi) and lo == hi:
-            k = "E"
-        elif np.isfinite(hi) and not np.isfinite(lo):
-            k = "L"
-        elif np.isfinite(lo) and not np.isfinite(hi):
-            k = "G"
-        elif np.isfinite(lo) and np.isfinite(hi):
-            k = "R"  # ranged: written as G lo with range hi - lo
-        else:
-            k = "N"
-        kinds.append(k)
-        w(f" {'G' if k == 'R' else ('N' if k == 'N' else k)}  {name}\n")
-    w("COLUMNS\n")
+def _row_kind(lo: float, hi: float) -> str:
+    """E (lo == hi), L (hi only), G (lo only), R (ranged: written as G lo with range hi - lo) or N (free)."""
+    fin_lo, fin_hi = bool(np.isfinite(lo)), bool(np.isfinite(hi))
+    if fin_lo and fin_hi:
+        return "E" if lo == hi else "R"
+    return "L" if fin_hi else "G" if fin_lo else "N"
+
+
+def _rows_section(milp: Milp, kinds: list) -> list:
+    lines = ["ROWS", " N  obj"]
+    lines += [f" {'G' if k == 'R' else k}  {name}" for k, name in zip(kinds, milp.cons_names)]
+    return lines
+
+
+def _column_entries(milp: Milp, At, j: int) -> list:
+    """(row, coefficient) of column j: the objective first, then its nonzero rows (at least one entry)."""
+    entries = [("obj", milp.obj[j])] if milp.obj[j] != 0 else []
+    s, e = At.indptr[j], At.indptr[j + 1]
+    entries += [(milp.cons_names[i], a) for i, a in zip(At.indices[s:e], At.data[s:e]) if a != 0]
+    return entries or [("obj", 0.0)]
+
+
+def _columns_section(milp: Milp) -> list:
+    """COLUMNS, with integer variables between INTORG/INTEND markers."""
+    lines = ["COLUMNS"]
     At = milp.A.tocsc()
     integ_open = False
     for j, vname in enumerate(milp.var_names):
         is_int = milp.vtype[j] != "C"
-        if is_int and not integ_open:
-            w("    MARKER 'MARKER' 'INTORG'\n")
-            integ_open = True
-        elif not is_int and integ_open:
-            w("    MARKER 'MARKER' 'INTEND'\n")
-            integ_open = False
-        entries = []
-        if milp.obj[j] != 0:
-            entries.append(("obj", milp.obj[j]))
-        s, e = At.indptr[j], At.indptr[j + 1]
-        for i, a in zip(At.indices[s:e], At.data[s:e]):
-            if a != 0:
-                entries.append((milp.cons_names[i], a))
-        if not entries:
-            entries.append(("obj", 0.0))
-        for r, a in entries:
-            w(f"    {vname} {r} {_fmt(a)}\n")
+        if is_int != integ_open:
+            lines.append("    MARKER 'MARKER' " + ("'INTORG'" if is_int else "'INTEND'"))
+            integ_open = is_int
+        lines += [f"    {vname} {r} {_fmt(a)}" for r, a in _column_entries(milp, At, j)]
     if integ_open:
-        w("    MARKER 'MARKER' 'INTEND'\n")
-    w("RHS\n")
+        lines.append("    MARKER 'MARKER' 'INTEND'")
+    return lines
+
+
+def _rhs_section(milp: Milp, kinds: list) -> list:
+    """RHS (the objective offset as -offset on the objective row), then RANGES for ranged rows."""
+    lines = ["RHS"]
     if milp.obj_offset != 0:
-        w(f"    RHS obj {_fmt(-milp.obj_offset)}\n")
-    for i, name in enumerate(milp.cons_names):
-        k = kinds[i]
-        val = milp.rhs[i] if k in ("E", "L") else milp.lhs[i] if k in ("G", "R") else 0.0
+        lines.append(f"    RHS obj {_fmt(-milp.obj_offset)}")
+    for k, name, lo, hi in zip(kinds, milp.cons_names, milp.lhs, milp.rhs):
+        val = hi if k in ("E", "L") else lo if k in ("G", "R") else 0.0
         if val != 0:
-            w(f"    RHS {name} {_fmt(val)}\n")
+            lines.append(f"    RHS {name} {_fmt(val)}")
     if "R" in kinds:
-        w("RANGES\n")
-        for i, name in enumerate(milp.cons_names):
-            if kinds[i] == "R":
-                w(f"    RNG {name} {_fmt(milp.rhs[i] - milp.lhs[i])}\n")
-    w("BOUNDS\n")
+        lines.append("RANGES")
+        lines += [f"    RNG {name} {_fmt(hi - lo)}"
+                  for k, name, lo, hi in zip(kinds, milp.cons_names, milp.lhs, milp.rhs) if k == "R"]
+    return lines
+
+
+def _bound_lines(vname: str, vtype: str, lo: float, hi: float) -> list:
+    """Explicit bounds of one variable: BV, FX, FR, or a lower (LO/MI) and an upper (UP/PL) line."""
+    if vtype == "B" and lo == 0 and hi == 1:
+        return [f" BV BND {vname}"]
+    if lo == hi:
+        return [f" FX BND {vname} {_fmt(lo)}"]
+    if not np.isfinite(lo) and not np.isfinite(hi):
+        return [f" FR BND {vname}"]
+    return [f" MI BND {vname}" if not np.isfinite(lo) else f" LO BND {vname} {_fmt(lo)}",
+            f" PL BND {vname}" if not np.isfinite(hi) else f" UP BND {vname} {_fmt(hi)}"]
+
+
+def mps_text(milp: Milp) -> str:
+    """Free-format MPS text (deterministic: same Milp, same bytes). Every bound is written explicitly."""
+    kinds = [_row_kind(lo, hi) for lo, hi in zip(milp.lhs, milp.rhs)]
+    lines = [f"NAME {milp.name}", "OBJSENSE", "    " + ("MAX" if milp.sense == "maximize" else "MIN")]
+    lines += _rows_section(milp, kinds) + _columns_section(milp) + _rhs_section(milp, kinds)
+    lines.append("BOUNDS")
     for j, vname in enumerate(milp.var_names):
-        lo, hi = milp.lb[j], milp.ub[j]
-        if milp.vtype[j] == "B" and lo == 0 and hi == 1:
-            w(f" BV BND {vname}\n")
-            continue
-        if lo == hi:
-            w(f" FX BND {vname} {_fmt(lo)}\n")
-            continue
-        if not np.isfinite(lo) and not np.isfinite(hi):
-            w(f" FR BND {vname}\n")
-            continue
-        w(f" MI BND {vname}\n" if not np.isfinite(lo) else f" LO BND {vname} {_fmt(lo)}\n")
-        w(f" PL BND {vname}\n" if not np.isfinite(hi) else f" UP BND {vname} {_fmt(hi)}\n")
-    w("ENDATA\n")
-    return out.getvalue()
+        lines += _bound_lines(vname, milp.vtype[j], milp.lb[j], milp.ub[j])
+    lines.append("ENDATA")
+    return "\n".join(lines) + "\n"
 
 
 def mps_bytes(milp: Milp, gz: bool) -> bytes:
@@ -212,7 +213,7 @@ def milp_from_model(model, name: str = "model") -> Milp:
     ub = np.array([_b(v.getUbOriginal()) for v in vars_], dtype=float)
     obj = np.array([v.getObj() for v in vars_], dtype=float)
     rows, cols, vals, lhs, rhs, cnames = [], [], [], [], [], []
-    for i, c in enumerate(model.getConss()):
+    for c in model.getConss():
         if c.getConshdlrName() != "linear":
             raise BadInputError(f"{name}: constraint {c.name!r} is of type {c.getConshdlrName()!r}; "
                                 "only linear constraints are supported for feature extraction")
@@ -235,6 +236,14 @@ def milp_from_model(model, name: str = "model") -> Milp:
 
 def read_milp(path: str | os.PathLike) -> Milp:
     return milp_from_model(read_model(path), name=str(path))
+
+
+def var_names(path: str | os.PathLike) -> list:
+    """The variable names of the instance in `path`, in SCIP's order."""
+    model = read_model(path)  # keep the model alive while its variables are read
+    names = [v.name for v in model.getVars()]
+    del model
+    return names
 
 
 def sorted_by_name(milp: Milp) -> Milp:
