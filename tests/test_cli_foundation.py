@@ -50,6 +50,18 @@ print(','.join(bad))
     assert out.stdout.strip() == "", f"heavy modules imported by --help: {out.stdout.strip()}"
 
 
+def test_options_modules_import_nothing_heavy():
+    """Each method's options module (lists, defaults, paper) is what commands import for --help."""
+    mods = sorted(p.parent.name for p in (ROOT / "icmltools").glob("*/options.py"))
+    assert mods, "no icmltools/<pkg>/options.py"
+    code = ("import importlib, sys\n"
+            f"for m in {mods!r}: importlib.import_module('icmltools.' + m + '.options')\n"
+            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"options modules import {out.stdout.strip()}"
+
+
 def test_icml_help_subprocess():
     exe = Path(sys.executable).with_name("icml")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "icmltools"]
@@ -73,6 +85,9 @@ def test_envelope_on_every_command(name, run_cli):
     for k in ENVELOPE_KEYS:
         assert k in doc, k
     assert doc["command"] == name
+    if name != "env":  # every method command names its paper
+        assert doc["reference"]["title"] and doc["reference"]["authors"], doc["reference"]
+        assert (ROOT / "docs" / f"{name}.md").is_file()
     assert doc["env"]["python"]
     assert "total_s" in doc["timing"]
     assert res.stdout.count("\n") == 1  # one compact JSON document when piped

@@ -1,0 +1,1 @@
+"""A complete, tested example of the house pattern for a new command (see CONTRIBUTING.md)."""

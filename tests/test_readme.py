@@ -1,0 +1,76 @@
+"""Docs that run (STYLE 26): every ```bash block followed by a ```text block in README.md and docs/*.md is
+executed and its output compared with the text block.
+
+The bash block holds one line, `icml ARGS | jq [-c] 'FILTER'` (or `icml ARGS` alone); the text block holds
+the outputs, one JSON value per line as `jq -c` prints them. Numbers must agree to the digits shown.
+"""
+import json
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FENCE = re.compile(r"```bash\n(?P<cmd>[^`]*?)```\s*\n```text\n(?P<out>[^`]*?)```", re.S)
+
+
+def examples():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for m in FENCE.finditer(text):
+            line = text[: m.start()].count("\n") + 1
+            yield pytest.param(m.group("cmd").strip(), m.group("out").strip(), id=f"{doc.name}:{line}")
+
+
+def _close(expected, got) -> bool:
+    """Equal, with numbers compared to the precision written in the docs."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return expected == got
+    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        s = repr(expected)
+        decimals = len(s.split(".")[1]) if "." in s and "e" not in s else 0
+        return math.isclose(expected, got, rel_tol=1e-9, abs_tol=0.5 * 10 ** -decimals + 1e-12)
+    if isinstance(expected, list) and isinstance(got, list):
+        return len(expected) == len(got) and all(_close(a, b) for a, b in zip(expected, got))
+    if isinstance(expected, dict) and isinstance(got, dict):
+        return expected.keys() == got.keys() and all(_close(expected[k], got[k]) for k in expected)
+    return expected == got
+
+
+def run_example(cmd: str):
+    import jq
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    icml_part, _, jq_part = cmd.partition("|")
+    argv = shlex.split(icml_part)
+    assert argv[0] == "icml", cmd
+    res = CliRunner().invoke(cli, argv[1:], catch_exceptions=False)
+    assert res.exit_code == 0, (cmd, res.stderr[-2000:])
+    doc = json.loads(res.stdout)
+    if not jq_part.strip():
+        return [doc]
+    jargs = shlex.split(jq_part)
+    assert jargs[0] == "jq", cmd
+    filt = [a for a in jargs[1:] if not a.startswith("-")]
+    return jq.compile(filt[0]).input_value(doc).all()
+
+
+@pytest.mark.parametrize("cmd,expected", list(examples()))
+def test_documented_example_prints_what_the_docs_show(cmd, expected):
+    got = run_example(cmd)
+    want = [json.loads(line) for line in expected.splitlines() if line.strip()]
+    assert len(got) == len(want), (cmd, got)
+    for w, g in zip(want, got):
+        assert _close(w, g), f"{cmd}\n docs: {json.dumps(w)}\n code: {json.dumps(g)}"
+
+
+def test_every_command_has_a_readme_example():
+    from icmltools.commands.registry import COMMANDS
+
+    cmds = {shlex.split(c.values[0])[1] for c in examples() if c.id.startswith("README.md")}
+    missing = sorted(set(COMMANDS) - cmds - {"env"})
+    assert not missing, f"commands without a run README example: {missing}"
