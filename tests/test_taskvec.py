@@ -220,3 +220,30 @@ def test_safetensors_reader_is_lazy(tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors, "safe_open", Spy)
     assert torch.equal(r.get("t3"), sd["t3"])
     assert calls == ["t3"]
+
+
+def test_import_is_light():
+    """The shared I/O package imports without torch, numpy or safetensors (tensors are read on demand)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, icmltools.taskvec\n"
+            "print([m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_readers_close(tmp_path):
+    sd = _sd()
+    torch.save(sd, tmp_path / "m.pt")
+    with open_checkpoint(tmp_path / "m.pt") as r:
+        assert not r.closed and _same(sd, r)
+    assert r.closed
+    with pytest.raises(KeyError):
+        r.get("enc.w")  # a closed torch reader dropped its (memory-mapped) tensors
+
+
+def test_empty_state_dict_is_a_clear_error(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "empty_sd.pt")
+    with pytest.raises(BadInputError, match="empty_sd.pt: the state_dict holds no tensor"):
+        open_checkpoint(tmp_path / "empty_sd.pt")

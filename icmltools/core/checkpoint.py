@@ -52,19 +52,30 @@ def load_state_dict(path: str | os.PathLike, unwrap_keys: tuple[str, ...] = ("st
 
     A torch checkpoint that wraps the weights under one of `unwrap_keys` is unwrapped.
     """
-    import torch
-
     p = Path(path)
     if p.suffix in SAFETENSORS_SUFFIXES:
         return load_safetensors(p)
-    obj = safe_torch_load(p)
+    return unwrap_state_dict(safe_torch_load(p), p, unwrap_keys)
+
+
+def unwrap_state_dict(obj: Any, path: str | os.PathLike, unwrap_keys: tuple[str, ...] = ("state_dict", "model")) -> dict:
+    """The flat name -> tensor mapping inside a loaded torch checkpoint (a wrapper key in `unwrap_keys`
+    is unwrapped), or a `BadInputError` naming `path` and the first entry that is not a tensor."""
+    import torch
+
     if isinstance(obj, dict):
         for k in unwrap_keys:
             if k in obj and isinstance(obj[k], dict):
                 obj = obj[k]
                 break
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise BadInputError(f"{p}: expected a state_dict (name -> tensor), got {type(obj).__name__}")
+    if not isinstance(obj, dict):
+        raise BadInputError(f"{path}: expected a state_dict (name -> tensor), got {type(obj).__name__}")
+    if not obj:
+        raise BadInputError(f"{path}: the state_dict holds no tensor")
+    bad = [k for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if bad:
+        raise BadInputError(f"{path}: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor; "
+                            "expected a flat state_dict (optionally under a 'state_dict' key)")
     return obj
 
 

@@ -1,15 +1,29 @@
-"""Task-vector checkpoint I/O shared by every merging method (lazy readers, streaming atomic writers)."""
-from .io import (  # noqa: F401
-    CheckpointReader,
-    CheckpointWriter,
-    MemoryReader,
+"""Task-vector checkpoint I/O shared by every merging method: lazy per-tensor readers
+(:mod:`~icmltools.taskvec.readers`), streaming atomic writers (:mod:`~icmltools.taskvec.writers`) and what
+they share (:mod:`~icmltools.taskvec.formats`). Importing it loads no torch; tensors are read on demand."""
+from .formats import (
+    OUTPUT_FORMATS,
     TensorSpec,
-    check_compatible,
     default_output_name,
     is_float_dtype,
-    open_checkpoint,
     read_record,
     resolve_output_format,
     sidecar_path,
-    write_state_dict,
 )
+from .readers import (
+    CheckpointReader,
+    MemoryReader,
+    SafetensorsReader,
+    ShardedReader,
+    TorchReader,
+    check_compatible,
+    iter_tensors,
+    open_checkpoint,
+)
+from .writers import CheckpointWriter, write_state_dict
+
+__all__ = [
+    "OUTPUT_FORMATS", "TensorSpec", "default_output_name", "is_float_dtype", "read_record", "resolve_output_format",
+    "sidecar_path", "CheckpointReader", "MemoryReader", "SafetensorsReader", "ShardedReader", "TorchReader",
+    "check_compatible", "iter_tensors", "open_checkpoint", "CheckpointWriter", "write_state_dict",
+]

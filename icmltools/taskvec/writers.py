@@ -1,0 +1,271 @@
+"""Streaming, atomic checkpoint writers.
+
+Writers produce the base's format (or the one asked for) atomically: a ``.safetensors`` file is
+streamed (header first, then each tensor as it is computed) so a merge never holds the whole output;
+a torch file is collected then saved with :func:`icmltools.core.checkpoint.save_torch`; an HF folder
+is built in a temporary sibling folder (same shard layout, index JSON, the base's other small files
+such as ``config.json`` copied) and renamed into place. A JSON record of how the output was made goes
+into the safetensors ``__metadata__`` (key ``icml``) and, for every format, into a ``<output>.json``
+sidecar (``icml_record.json`` inside a folder).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+
+from icmltools.core.errors import BadInputError
+from icmltools.core.jsonio import apply_umask, atomic_path, atomic_write_json, dumps
+
+from .formats import (
+    PT_INDEX,
+    PT_SINGLE,
+    RECORD_IN_FOLDER,
+    RECORD_KEY,
+    ST_INDEX,
+    ST_SINGLE,
+    TensorSpec,
+    resolve_output_format,
+    sidecar_path,
+    st_code,
+)
+from .readers import CheckpointReader, MemoryReader
+
+
+def _tensor_bytes(t) -> memoryview:
+    import torch
+
+    t = t.detach().to("cpu").contiguous()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+class _StreamingSafetensorsFile:
+    """Write a .safetensors file tensor by tensor: the header (offsets from the known specs) goes first."""
+
+    def __init__(self, fh, specs: list[TensorSpec], metadata: dict[str, str] | None):
+        header: dict = {}
+        if metadata:
+            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+        off = 0
+        for s in specs:
+            header[s.name] = {"dtype": st_code(s.dtype), "shape": list(s.shape), "data_offsets": [off, off + s.nbytes]}
+            off += s.nbytes
+        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        raw += b" " * ((8 - len(raw) % 8) % 8)
+        fh.write(struct.pack("<Q", len(raw)))
+        fh.write(raw)
+        self.fh = fh
+        self.pending = [s for s in specs]
+        self.pos = 0
+
+    def write(self, name, tensor):
+        s = self.pending[self.pos]
+        if s.name != name:
+            raise RuntimeError(f"streaming writer expected tensor {s.name!r}, got {name!r}")
+        if tuple(tensor.shape) != tuple(s.shape) or tensor.dtype != s.dtype:
+            raise RuntimeError(f"tensor {name!r}: got {tuple(tensor.shape)} {tensor.dtype}, expected {s.shape} {s.dtype}")
+        self.fh.write(_tensor_bytes(tensor))
+        self.pos += 1
+
+    def done(self) -> bool:
+        return self.pos == len(self.pending)
+
+
+class CheckpointWriter:
+    """Write a checkpoint shaped like `base` tensor by tensor, atomically; use as a context manager.
+
+    Iterate ``writer.order`` and call ``writer.write(name, tensor)`` for every name in that order. On a
+    clean exit the output appears at `path` (with its JSON record); on an exception nothing is left.
+    """
+
+    def __init__(self, base: CheckpointReader, path: str | os.PathLike, fmt: str = "same", record: dict | None = None):
+        self.base = base
+        self.path = Path(path)
+        self.fmt = resolve_output_format(base, fmt)
+        self.record = dict(record or {})
+        self.folder = self.fmt.startswith("hf_")
+        if self.folder:
+            shards = base.shards
+            ext = ".safetensors" if self.fmt == "hf_safetensors" else ".bin"
+            self.layout = []
+            for i, (fname, names) in enumerate(shards):
+                if len(shards) == 1:
+                    fname = ST_SINGLE if ext == ".safetensors" else PT_SINGLE
+                elif fname is None or not base.format.startswith("hf_") or not fname.endswith(ext):
+                    fname = (f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if ext == ".safetensors"
+                             else f"pytorch_model-{i + 1:05d}-of-{len(shards):05d}.bin")
+                self.layout.append((fname, list(names)))
+        else:
+            self.layout = [(self.path.name, base.keys())]
+        self.order = [n for _, names in self.layout for n in names]
+        self._stack = contextlib.ExitStack()
+        self._cur = None
+        self._cur_left: list = []
+
+    # -- lifecycle
+    def __enter__(self):
+        self.tmpdir = None
+        try:
+            self._open()
+        except BaseException as e:
+            self._abort(type(e), e, e.__traceback__)
+            raise
+        return self
+
+    def _metadata(self) -> dict[str, str]:
+        return {RECORD_KEY: dumps(self.record)} if self.record else {}
+
+    def _open(self):
+        if self.folder:
+            if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
+                raise BadInputError(f"{self.path}: output folder exists and is not empty")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.tmpdir = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.tmp-"))
+        else:
+            self.tmpdir = None
+        self._shard_i = -1
+        self._cur = None
+        self._collected: dict = {}
+        self._next_shard()
+
+    def _cleanup_tmpdir(self):
+        if self.tmpdir is not None and self.tmpdir.exists():
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _shard_path(self, fname) -> Path:
+        return (self.tmpdir / fname) if self.folder else self.path
+
+    def _next_shard(self):
+        self._finish_shard()
+        self._shard_i += 1
+        if self._shard_i >= len(self.layout):
+            self._cur = None
+            return
+        fname, names = self.layout[self._shard_i]
+        target = self._shard_path(fname)
+        if self.fmt.endswith("safetensors"):
+            cm = atomic_path(target, suffix=".tmp.safetensors")
+            tmp = self._stack.enter_context(cm)
+            fh = open(tmp, "wb")
+            specs = [self.base.specs[n] for n in names]
+            self._cur = ("st", cm, tmp, fh, _StreamingSafetensorsFile(fh, specs, self._metadata()))
+        else:
+            self._cur = ("pt", None, target, None, names)
+            self._collected = {}
+        self._cur_left = list(names)
+
+    def _finish_shard(self):
+        cur = self._cur
+        if cur is None:
+            return
+        kind = cur[0]
+        if kind == "st":
+            _, cm, tmp, fh, sw = cur
+            if not sw.done():
+                raise RuntimeError("streaming writer closed before every tensor was written")
+            fh.flush()
+            os.fsync(fh.fileno())
+            fh.close()
+        else:
+            from icmltools.core.checkpoint import save_torch
+
+            save_torch(self._collected, cur[2])
+            self._collected = {}
+        self._cur = None
+
+    def write(self, name, tensor):
+        if self._cur is None:
+            raise RuntimeError(f"writer got tensor {name!r} after every tensor was written")
+        if not self._cur_left or self._cur_left[0] != name:
+            raise RuntimeError(f"writer expected tensor {self._cur_left[0] if self._cur_left else None!r}, got {name!r}")
+        if self._cur[0] == "st":
+            self._cur[4].write(name, tensor)
+        else:
+            spec = self.base.specs[name]
+            if tuple(tensor.shape) != tuple(spec.shape) or tensor.dtype != spec.dtype:
+                raise RuntimeError(f"tensor {name!r}: wrong shape/dtype for the output")
+            self._collected[name] = tensor.detach().to("cpu").clone()  # callers may reuse their buffers
+        self._cur_left.pop(0)
+        if not self._cur_left:
+            self._next_shard()
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self._abort(exc_type, exc, tb)
+            return False
+        try:
+            if self._cur is not None:
+                raise RuntimeError(f"writer closed with tensors left to write: {self._cur_left[:3]}")
+            if self.folder:
+                self._write_folder_extras()
+        except BaseException as e:
+            self._abort(type(e), e, e.__traceback__)
+            raise
+        try:
+            self._stack.close()  # renames each finished temp file into place
+            if self.folder:
+                if self.path.exists():
+                    self.path.rmdir()  # empty (checked on open)
+                os.replace(self.tmpdir, self.path)
+                self.tmpdir = None
+            else:
+                atomic_write_json(sidecar_path(self.path), self.record)
+        except BaseException:
+            self._cleanup_tmpdir()
+            raise
+        _apply_umask(self.path)
+        return False
+
+    def _abort(self, exc_type, exc, tb):
+        cur = self._cur
+        if cur is not None and cur[0] == "st" and not cur[3].closed:
+            cur[3].close()
+        self._cur = None
+        try:
+            self._stack.__exit__(exc_type, exc, tb)  # atomic_path removes its temp file
+        finally:
+            self._cleanup_tmpdir()
+
+    def _write_folder_extras(self):
+        base = self.base
+        if base.format.startswith("hf_"):
+            skip = {ST_INDEX, PT_INDEX} | {f for f, _ in base.shards}
+            for item in sorted(base.path.iterdir()):
+                if item.is_file() and item.name not in skip and not item.name.endswith((".safetensors", ".bin", ".pt", ".pth")):
+                    shutil.copy2(item, self.tmpdir / item.name)
+        if len(self.layout) > 1:
+            index_name = ST_INDEX if self.fmt == "hf_safetensors" else PT_INDEX
+            total = sum(base.specs[n].nbytes for _, names in self.layout for n in names)
+            meta = dict(getattr(base, "index_metadata", {}) or {})
+            meta.update(total_size=total)
+            doc = {"metadata": meta, "weight_map": {n: f for f, names in self.layout for n in names}}
+            atomic_write_json(self.tmpdir / index_name, doc)
+        atomic_write_json(self.tmpdir / RECORD_IN_FOLDER, self.record)
+
+
+def _apply_umask(path: Path) -> None:
+    """Normal permissions on the finished output and its sidecar record (never fail a finished write over them)."""
+    try:
+        for p in (path,) if path.is_dir() else (path, sidecar_path(path)):
+            if p.exists():
+                apply_umask(p)
+    except OSError:
+        pass
+
+
+def write_state_dict(tensors: dict, path: str | os.PathLike, fmt: str = "safetensors", record: dict | None = None,
+                     shards: list[list[str]] | None = None) -> Path:
+    """Write an in-memory state_dict in `fmt` (safetensors, torch, hf_safetensors, hf_torch) atomically.
+
+    `shards` (lists of tensor names) splits an HF folder into several shard files with an index JSON.
+    """
+    mem = MemoryReader(tensors, fmt="torch" if fmt == "torch" else "safetensors", shards=shards)
+    with CheckpointWriter(mem, path, fmt=fmt, record=record) as w:
+        for n in w.order:
+            w.write(n, tensors[n])
+    return Path(path)
+
