@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import click
 
-from . import common
+from icmltools.subset import options
+from icmltools.subset.options import Config
 
-METHOD_NAMES = ("ram-apl", "ram", "min", "concat", "moderate", "kcenter", "herding", "graphcut", "random")
+from . import common
 
 EPILOG = """Examples:
 
@@ -18,27 +19,30 @@ EPILOG = """Examples:
       -r 0.05 --seeds 3 | jq '.result.evaluation'
 """
 
+_RATES_HELP = (f"Selection rate p in (0, 1], repeatable. Default: {', '.join(map(str, options.SELECT_RATES))} when "
+               f"selecting; {' '.join(map(str, options.EVALUATE_RATES))} when evaluating.")
 
-@common.command("subset-select", epilog=EPILOG)
+
+@common.command("subset-select", epilog=EPILOG, param_flags={"include_indices": "--no-indices"})
 @click.option("-f", "--features", "features", multiple=True, metavar="FILE[:KEY]",
               help="Feature matrix (N, d) of one extractor: .npy (memory-mapped), .npz, .pt or .safetensors. "
                    "Repeat for several extractors (same row order). Without it, the embedded --dataset is used.")
 @click.option("--labels", default=None, metavar="FILE[:COLUMN]",
               help="Labels (N,): .npy, or a CSV/TSV/text column by name or index (default: last column).")
-@click.option("-m", "--method", "methods", multiple=True, type=click.Choice(METHOD_NAMES),
-              help="Selection method(s). Default: ram-apl when selecting, all of them when evaluating.")
-@click.option("-r", "--rate", "rates", multiple=True, type=float,
-              help="Selection rate p in (0, 1], repeatable. Default: 0.1 when selecting; "
-                   "0.01 0.05 0.1 0.3 0.5 0.7 when evaluating.")
-@click.option("--view", type=click.IntRange(min=0), default=0,
+@click.option("-m", "--method", "methods", multiple=True, type=click.Choice(options.METHODS),
+              help=f"Selection method(s). Default: {', '.join(options.SELECT_METHODS)} when selecting, all of "
+                   "them when evaluating.")
+@click.option("-r", "--rate", "rates", multiple=True, type=float, help=_RATES_HELP)
+@click.option("--view", type=click.IntRange(min=0), default=Config.view,
               help="Which extractor the single-view baselines (min, moderate, kcenter, herding, graphcut) use.")
-@click.option("--dataset", type=click.Choice(["digits", "synthetic"]), default="digits",
+@click.option("--dataset", type=click.Choice(options.DATASETS), default=Config.dataset,
               help="Embedded data when no --features: scikit-learn's digits with label-free views, or the "
                    "synthetic fine-grained generator.")
-@click.option("--n-views", type=click.IntRange(1, 3), default=3, help="Extractor views of the embedded data.")
+@click.option("--n-views", type=click.IntRange(1, options.MAX_VIEWS), default=Config.n_views,
+              help="Extractor views of the embedded data.")
 @click.option("--evaluate/--no-evaluate", "evaluate", default=None,
               help="Train a target classifier on every subset. Default: on for embedded data, off for --features.")
-@click.option("--target", type=click.Choice(["logreg", "mlp", "cnn"]), default="logreg",
+@click.option("--target", type=click.Choice(options.TARGETS), default=Config.target,
               help="Target classifier for --evaluate (cnn needs image inputs, e.g. digits raw images).")
 @click.option("--eval-input", default=None, metavar="raw|view:K",
               help="Inputs of the target model: raw (embedded data; --raw for yours) or one feature view. "
@@ -51,22 +55,23 @@ EPILOG = """Examples:
               help="Raw target-model inputs (.npy, same rows as the features) for --eval-input raw.")
 @click.option("--raw-test", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Raw test inputs (.npy) to go with --test-features.")
-@click.option("--holdout", type=click.FloatRange(0.05, 0.9), default=0.25,
+@click.option("--holdout", type=click.FloatRange(0.05, 0.9), default=Config.holdout,
               help="Test fraction held out of your rows when --evaluate has no --test-features.")
-@click.option("--noise", type=click.FloatRange(0.0, 1.0, max_open=True), default=0.0,
+@click.option("--noise", type=click.FloatRange(0.0, 1.0, max_open=True), default=Config.noise,
               help="Symmetric label noise injected into the training labels (fraction); the noisy fraction "
                    "inside each subset is reported.")
-@click.option("--seeds", type=click.IntRange(1, 100), default=3,
-              help="Evaluation repeats (seeds --seed .. --seed+N-1): noise draw, random/k-center choices, training.")
+@click.option("--seeds", type=click.IntRange(1, 100), default=Config.seeds,
+              help="Evaluation repeats k = 0..N-1; repeat k draws its label noise, random/k-center choices and "
+                   "training from derive(--seed, 'subset', 'repeat', k).")
 @click.option("--indices-out", default=None, type=click.Path(dir_okay=False),
               help="Write the selected indices as a plain text file (one per line); with several "
                    "(method, rate) pairs, one file each: STEM.METHOD.pRATE.txt.")
 @click.option("--scores-out", default=None, type=click.Path(dir_okay=False),
               help="Write per-sample [RAM, APL] (N x 2 .npy); score = W1*RAM + W2*APL at any rate.")
 @click.option("--no-indices", is_flag=True, help="Leave the index lists out of the JSON (use with --indices-out).")
-@click.option("--chunk-rows", type=click.IntRange(min=0), default=0,
+@click.option("--chunk-rows", type=click.IntRange(min=0), default=Config.chunk_rows,
               help="Rows per chunk of the distance passes (0 = about 64 MB per chunk).")
-@click.option("--jsonl", is_flag=True, help="Stream one JSON line per (seed, method, rate) while evaluating.")
+@click.option("--jsonl", is_flag=True, help="Stream one JSON line per (repeat, method, rate) while evaluating.")
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
 def cli(ctx, features, labels, methods, rates, view, dataset, n_views, evaluate, target, eval_input, test_features,
@@ -77,26 +82,18 @@ def cli(ctx, features, labels, methods, rates, view, dataset, n_views, evaluate,
 
     RAM-APL ranks each class by the mean over extractors of the within-class distance rank to the class
     mean (RAM) plus the fraction of extractors whose nearest class mean disagrees with the label (APL),
-    weighted by the rate (W1 = 0.2 + 0.8/(1+exp(p-0.5))), and keeps round(n_c * p) per class.
+    weighted by a sigmoid of the rate p (W1 = 0.6, W2 = 0.4 at p = 0.5), and keeps round(n_c * p) per class.
     """
-    with common.CommandRun(ctx, "subset-select", seed=seed, device=device, threads=threads) as run:
+    with common.CommandRun(ctx, "subset-select", seed=seed, device=device, threads=threads,
+                           reference=options.REFERENCE) as run:
         from icmltools.subset import api
-        from icmltools.subset.engine import Engine
 
-        do_eval = evaluate if evaluate is not None else not features
-        if not methods:
-            methods = METHOD_NAMES if do_eval else ("ram-apl",)
-        if not rates:
-            rates = (0.01, 0.05, 0.1, 0.3, 0.5, 0.7) if do_eval else (0.1,)
-        cfg = api.Config(features=tuple(features), labels=labels, dataset=dataset, n_views=n_views,
-                         methods=tuple(dict.fromkeys(methods)), rates=tuple(dict.fromkeys(rates)), view=view,
-                         evaluate=evaluate, target=target, eval_input=eval_input, test_features=tuple(test_features),
-                         test_labels=test_labels, raw=raw, raw_test=raw_test, holdout=holdout, noise=noise,
-                         seeds=seeds, seed=seed, indices_out=indices_out, scores_out=scores_out,
-                         include_indices=not no_indices, chunk_rows=chunk_rows, device=run.device)
-        with run.progress() as cb:
-            engine = Engine(run.device, chunk_rows=chunk_rows, progress=cb)
-            with run.timer.phase("select" if not do_eval else "evaluate"):
-                res, art = api.run(cfg, engine, stream=run.stream if jsonl else None)
-        run.result = res
+        cfg = api.resolve(Config(
+            features=tuple(features), labels=labels, dataset=dataset, n_views=n_views, methods=methods or None,
+            rates=rates or None, view=view, evaluate=evaluate, target=target, eval_input=eval_input,
+            test_features=tuple(test_features), test_labels=test_labels, raw=raw, raw_test=raw_test,
+            holdout=holdout, noise=noise, seeds=seeds, seed=seed, indices_out=indices_out, scores_out=scores_out,
+            include_indices=not no_indices, chunk_rows=chunk_rows, device=run.device))
+        with run.progress() as cb, run.timer.phase("evaluate" if cfg.evaluate else "select"):
+            run.result, art = api.run(cfg, progress=cb, stream=run.stream if jsonl else None)
         run.artifacts.update(art)

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import derive
+
+from . import options
 
 
 @dataclass
@@ -26,12 +29,14 @@ class Dataset:
     info: dict = field(default_factory=dict)
 
 
-def digits(views: int = 3, test_fraction: float = 0.25, split_seed: int = 0) -> Dataset:
+def digits(views: int = 3, test_fraction: float = 0.25, seed: int = options.DIGITS_SEED) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1797 images, 10 classes), stratified train/test split.
 
     Extractor views, all fitted on the training images without labels: standardised pixels, whitened PCA
     (20 components) and random Fourier features (RBF, 512 components, median-heuristic bandwidth). The
-    target model sees the standardised pixels (or the 1x8x8 images for the CNN).
+    target model sees the standardised pixels (or the 1x8x8 images for the CNN). The split and the random
+    features come from `derive(seed, "subset", "digits", ...)`; the command always uses the fixed
+    `options.DIGITS_SEED`, so the embedded data is one dataset whatever seed the run has.
     """
     from sklearn.datasets import load_digits
     from sklearn.decomposition import PCA
@@ -39,22 +44,23 @@ def digits(views: int = 3, test_fraction: float = 0.25, split_seed: int = 0) -> 
     from sklearn.model_selection import train_test_split
     from sklearn.preprocessing import StandardScaler
 
-    if views not in (1, 2, 3):
-        raise BadInputError(f"--n-views {views}: digits has 1 to 3 views")
+    if views not in range(1, options.MAX_VIEWS + 1):
+        raise BadInputError(f"{views}: digits has 1 to {options.MAX_VIEWS} views", param="n_views")
+    root = derive(seed, "subset", "digits")
     d = load_digits()
     X, y = d.data.astype(np.float64), d.target.astype(np.int64)
     idx_tr, idx_te = train_test_split(np.arange(len(y)), test_size=test_fraction, stratify=y,
-                                      random_state=split_seed)
+                                      random_state=root.child("split").int(32))
     sc = StandardScaler().fit(X[idx_tr])
     Ztr, Zte = sc.transform(X[idx_tr]), sc.transform(X[idx_te])
-    pca = PCA(n_components=20, whiten=True, random_state=0).fit(Ztr)
-    sub = Ztr[np.random.RandomState(0).choice(len(Ztr), 500, replace=False)]
+    pca = PCA(n_components=20, whiten=True, random_state=root.child("pca").int(32)).fit(Ztr)
+    sub = Ztr[root.child("bandwidth").numpy().choice(len(Ztr), 500, replace=False)]
     sq = ((sub[:, None, :] - sub[None, :, :]) ** 2).sum(-1)
     gamma = 1.0 / float(np.median(sq[np.triu_indices(len(sub), 1)]))
-    rff = RBFSampler(gamma=gamma, n_components=512, random_state=0).fit(Ztr)
+    rff = RBFSampler(gamma=gamma, n_components=512, random_state=root.child("rff").int(32)).fit(Ztr)
     all_views = [("pixels", Ztr, Zte), ("pca-white", pca.transform(Ztr), pca.transform(Zte)),
                  ("rff", rff.transform(Ztr), rff.transform(Zte))]
-    chosen = all_views[:views] if views < 3 else all_views
+    chosen = all_views[:views]
     imgs = (X / 16.0).reshape(-1, 1, 8, 8)
     return Dataset(name="digits", views=[v[1] for v in chosen], view_names=[v[0] for v in chosen],
                    labels=y[idx_tr], n_classes=10, test_labels=y[idx_te], test_views=[v[2] for v in chosen],
@@ -68,10 +74,11 @@ def synthetic(views: int = 3, n_super: int = 5, n_sub: int = 4, per_class: int =
     """A fine-grained toy problem: `n_super` super-classes, each split into `n_sub` close sub-classes (the
     labels). Latent x = super centre + sub offset + noise; a fraction `atypical` of samples has 3x the
     noise (hard, often ambiguous samples). Each extractor view is a different random linear map of the
-    latent plus its own noise level; the target model sees the latent ("raw input")."""
-    if views not in (1, 2, 3):
-        raise BadInputError(f"--n-views {views}: the synthetic generator makes 1 to 3 views")
-    rng = np.random.default_rng(seed)
+    latent plus its own noise level; the target model sees the latent ("raw input"). Every draw comes from
+    `derive(seed, "subset", "synthetic")`."""
+    if views not in range(1, options.MAX_VIEWS + 1):
+        raise BadInputError(f"{views}: the synthetic generator makes 1 to {options.MAX_VIEWS} views", param="n_views")
+    rng = derive(seed, "subset", "synthetic").numpy()
     C = n_super * n_sub
     supers = rng.normal(0, 1, (n_super, latent_dim)) * 2.5
     subs = supers.repeat(n_sub, axis=0) + rng.normal(0, 1, (C, latent_dim)) * sub_scale
@@ -97,9 +104,12 @@ def synthetic(views: int = 3, n_super: int = 5, n_sub: int = 4, per_class: int =
 
 
 def inject_noise(labels: np.ndarray, n_classes: int, rate: float, rng: np.random.Generator):
-    """Symmetric label noise: exactly round(rate * N) samples get a uniformly drawn *different* class."""
+    """Symmetric label noise: exactly round(rate * N) samples get a uniformly drawn *different* class.
+
+    `rng` is the caller's derived stream (`derive(seed, "subset", "noise")` in selection mode,
+    `derive(seed, "subset", "repeat", k, "noise")` in evaluation repeat k)."""
     if not 0.0 <= rate < 1.0:
-        raise BadInputError(f"--noise {rate}: must lie in [0, 1)")
+        raise BadInputError(f"{rate}: must lie in [0, 1)", param="noise")
     labels = np.asarray(labels, dtype=np.int64).copy()
     n = len(labels)
     flip = rng.choice(n, int(round(rate * n)), replace=False)

@@ -41,59 +41,75 @@ def _choose_key(keys: list, key: str | None, p: Path):
     return keys[0]
 
 
-def load_features(spec: str | os.PathLike, mmap: bool = True) -> np.ndarray:
-    """Load one 2-D float feature matrix (N, d). `.npy` files are memory-mapped (read-only)."""
-    p, key = _split_key(str(spec))
-    check_input_file(p)
-    suffix = p.suffix.lower()
+def _read_npy(p: Path, key, mmap: bool):
+    return np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
+
+
+def _read_npz(p: Path, key, mmap: bool):
+    with np.load(p, allow_pickle=False) as z:
+        return z[_choose_key(list(z.files), key, p)]
+
+
+def _read_pt(p: Path, key, mmap: bool):
+    import torch
+
+    from icmltools.core.checkpoint import safe_torch_load
+
+    obj = safe_torch_load(p)
+    if isinstance(obj, dict):
+        obj = obj[_choose_key(list(obj), key, p)]
+    if not isinstance(obj, torch.Tensor):
+        raise BadInputError(f"{p}: expected a tensor, got {type(obj).__name__}")
+    return obj.detach().float().numpy() if obj.dtype in (torch.float16, torch.bfloat16) else obj.detach().numpy()
+
+
+def _read_safetensors(p: Path, key, mmap: bool):
+    from safetensors import safe_open
+
     try:
-        if suffix == ".npy":
-            arr = np.load(p, mmap_mode="r" if mmap else None, allow_pickle=False)
-        elif suffix == ".npz":
-            with np.load(p, allow_pickle=False) as z:
-                arr = z[_choose_key(list(z.files), key, p)]
-        elif suffix in (".pt", ".pth"):
-            import torch
-
-            from icmltools.core.checkpoint import safe_torch_load
-
-            obj = safe_torch_load(p)
-            if isinstance(obj, dict):
-                obj = obj[_choose_key(list(obj), key, p)]
-            if not isinstance(obj, torch.Tensor):
-                raise BadInputError(f"{p}: expected a tensor, got {type(obj).__name__}")
-            arr = obj.detach().float().numpy() if obj.dtype in (torch.float16, torch.bfloat16) else obj.detach().numpy()
-        elif suffix == ".safetensors":
-            from safetensors import safe_open
-
-            try:
-                with safe_open(str(p), framework="np") as f:
-                    arr = f.get_tensor(_choose_key(list(f.keys()), key, p))
-            except BadInputError:
-                raise
-            except Exception as e:  # bf16 is not representable in numpy: go through torch
-                if "bf16" in str(e).lower() or "bfloat16" in str(e).lower():
-                    from icmltools.core.checkpoint import load_safetensors
-
-                    tensors = load_safetensors(p)
-                    arr = tensors[_choose_key(list(tensors), key, p)].float().numpy()
-                else:
-                    raise BadInputError(f"{p}: corrupt or unreadable safetensors file ({str(e)[:200]})") from e
-        else:
-            raise BadInputError(f"{p}: unsupported feature file type {suffix!r}; use one of {', '.join(FEATURE_SUFFIXES)}")
+        with safe_open(str(p), framework="np") as f:
+            return f.get_tensor(_choose_key(list(f.keys()), key, p))
     except BadInputError:
         raise
-    except (ValueError, OSError, EOFError, KeyError) as e:
-        raise BadInputError(f"{p}: cannot read feature array ({type(e).__name__}: {str(e)[:200]})") from e
+    except Exception as e:  # bf16 is not representable in numpy: go through torch
+        if "bf16" not in str(e).lower() and "bfloat16" not in str(e).lower():
+            raise BadInputError(f"{p}: corrupt or unreadable safetensors file ({str(e)[:200]})") from e
+    from icmltools.core.checkpoint import load_safetensors
+
+    tensors = load_safetensors(p)
+    return tensors[_choose_key(list(tensors), key, p)].float().numpy()
+
+
+_READERS = {".npy": _read_npy, ".npz": _read_npz, ".pt": _read_pt, ".pth": _read_pt,
+            ".safetensors": _read_safetensors}
+
+
+def _check_matrix(arr: np.ndarray, p: Path) -> np.ndarray:
+    """A 2-D, non-empty, numeric matrix (float16 widened to float32)."""
     if arr.ndim != 2:
         raise BadInputError(f"{p}: features must be a 2-D array (N, d), got shape {tuple(arr.shape)}")
     if arr.shape[0] < 1 or arr.shape[1] < 1:
         raise BadInputError(f"{p}: empty feature array of shape {tuple(arr.shape)}")
     if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
         raise BadInputError(f"{p}: features must be numeric, got dtype {arr.dtype}")
-    if arr.dtype == np.float16:
-        arr = arr.astype(np.float32)
-    return arr
+    return arr.astype(np.float32) if arr.dtype == np.float16 else arr
+
+
+def load_features(spec: str | os.PathLike, mmap: bool = True) -> np.ndarray:
+    """Load one 2-D float feature matrix (N, d). `.npy` files are memory-mapped (read-only)."""
+    p, key = _split_key(str(spec))
+    check_input_file(p)
+    reader = _READERS.get(p.suffix.lower())
+    if reader is None:
+        raise BadInputError(f"{p}: unsupported feature file type {p.suffix.lower()!r}; use one of "
+                            f"{', '.join(FEATURE_SUFFIXES)}")
+    try:
+        arr = reader(p, key, mmap)
+    except BadInputError:
+        raise
+    except (ValueError, OSError, EOFError, KeyError) as e:
+        raise BadInputError(f"{p}: cannot read feature array ({type(e).__name__}: {str(e)[:200]})") from e
+    return _check_matrix(arr, p)
 
 
 def load_labels(spec: str | os.PathLike) -> np.ndarray:

@@ -1,9 +1,12 @@
-"""One-shot, class-balanced subset selection: RAM-APL and its baselines.
+"""One-shot, class-balanced subset selection: RAM-APL (Wan et al., ICML 2025) and its baselines.
 
 Every method takes K feature views (arrays or zero-argument callables that open one, e.g. a
 memory-mapped `.npy`; only one view is opened at a time), integer labels 0..C-1 and a list of rates, and
 returns, per rate, the sorted selected indices. Per-class budgets are Python `round(n_c * p)` as in the
 official code (moderate-DS: `int(n_c * p)` as in its official code).
+
+Methods are small functions in a registry (`REGISTRY`, one `@method(name, cite)` line each, in the order
+of `options.METHODS`); `run_method` looks the name up, never branches on it.
 """
 from __future__ import annotations
 
@@ -15,30 +18,16 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
+from . import options
 from .engine import Engine
 
-METHODS = ("ram-apl", "ram", "min", "concat", "moderate", "kcenter", "herding", "graphcut", "random")
-
-CITATIONS = {
-    "ram-apl": "Wan et al., Foundation Model Insights and a Multi-Model Approach for Superior Fine-Grained One-shot "
-               "Subset Selection, ICML 2025 (RAM + APL, Sec. 4)",
-    "ram": "Wan et al., ICML 2025: ranking mean (RAM) alone, the ablation without APL",
-    "min": "Wan et al., ICML 2025 / Xia et al. 2023 'Moderate coreset' MIN baseline: closest to the class mean",
-    "concat": "Wan et al., ICML 2025: naive multi-model fusion by feature concatenation (then MIN)",
-    "moderate": "Xia et al., Moderate Coreset: A Universal Method of Data Selection for Real-world Data-efficient "
-                "Deep Learning, ICLR 2023",
-    "kcenter": "Sener & Savarese, Active Learning for Convolutional Neural Networks: A Core-Set Approach, ICLR 2018",
-    "herding": "Welling, Herding Dynamical Weights to Learn, ICML 2009 (argmin form)",
-    "graphcut": "Iyer et al., Submodular Combinatorial Information Measures, ALT 2021 (graph-cut, as in DeepCore, "
-                "Guo et al. 2022)",
-    "random": "uniform class-balanced sampling (DeepCore Uniform, balance=True)",
-}
-
-ViewLike = "np.ndarray | Callable[[], np.ndarray]"
+METHODS = options.METHODS
 
 
-def weights(p: float, a: float = 0.2, k: float = 1.0, sr: float = 0.5) -> tuple[float, float]:
-    """RAM-APL weights (official `weight_functions`): W1 = a + (1-a) / (1 + exp(k (p - sr))), W2 = 1 - W1."""
+def weights(p: float, a: float = options.WEIGHT_A, k: float = options.WEIGHT_K,
+            sr: float = options.WEIGHT_SR) -> tuple[float, float]:
+    """RAM-APL's rate-dependent weights (official `weight_functions`; paper, RAM-APL score):
+    W1 = a + (1 - a) / (1 + exp(k (p - sr))), W2 = 1 - W1, with a = 0.2, k = 1, sr = 0.5 (0.6 / 0.4 at p = 0.5)."""
     w1 = a + (1.0 - a) * (1.0 / (1.0 + math.exp(k * (p - sr))))
     return w1, 1.0 - w1
 
@@ -52,7 +41,7 @@ def budgets(counts: np.ndarray, p: float, rounding: str = "round") -> np.ndarray
 def check_rate(p: float) -> float:
     p = float(p)
     if not (0.0 < p <= 1.0) or not math.isfinite(p):
-        raise BadInputError(f"--rate {p}: must lie in (0, 1]")
+        raise BadInputError(f"{p} must lie in (0, 1]", param="rates")
     return p
 
 
@@ -108,8 +97,10 @@ class RamAplStats:
 def ram_apl_stats(views: Sequence, ctx: Context, engine: Engine, names: Sequence[str] | None = None) -> RamAplStats:
     """Stream the K views once each: class means, nearest-mean pseudo-labels (APL), within-class ranks (RAM).
 
-    Official code (`ram_apl.py`): class means over all samples of the ground-truth class; APL_j = mean over
-    extractors of [argmin_c ||f_k(x_j) - mu_{k,c}|| != y_j]; RAM_j = mean_k rank_k(j) / n_{y_j}.
+    Official code (`ram_apl.py`, `RAM_APL.select` and `get_distance_rank`): class means mu_{k,c} over all
+    samples of the ground-truth class c; APL_j = (1/K) sum_k [argmin_c ||f_k(x_j) - mu_{k,c}|| != y_j] (the
+    accuracy of pseudo-class labels, as an error fraction); RAM_j = (1/K) sum_k rank_k(j) / n_{y_j}, with
+    rank_k(j) the 0-based rank of ||f_k(x_j) - mu_{k,y_j}|| within class y_j (ranking mean).
     """
     n = len(ctx.labels)
     wrong = np.zeros(n, dtype=np.float64)
@@ -130,6 +121,7 @@ def ram_apl_stats(views: Sequence, ctx: Context, engine: Engine, names: Sequence
 
 
 def ram_apl_score(stats: RamAplStats, p: float) -> np.ndarray:
+    """Score_j = W1(p) RAM_j + W2(p) APL_j (official `get_selected_idx`); the lowest scores are kept."""
     w1, w2 = weights(p)
     return w1 * stats.ram + w2 * stats.apl
 
@@ -150,91 +142,206 @@ def _pack(method, p, idx, ctx, w=None) -> Selection:
                      per_class=np.bincount(ctx.labels[idx], minlength=ctx.n_classes), weights=w)
 
 
+@dataclass
+class Job:
+    """One method's inputs: the views, class structure, rates, engine, the int seed of the DeepCore-style
+    random choices, the single-view baselines' view, and the shared RAM/APL pass when there is one."""
+
+    name: str
+    views: Sequence
+    ctx: Context
+    rates: list
+    engine: Engine
+    seed: int = 0
+    view: int = 0
+    names: Sequence[str] | None = None
+    stats: RamAplStats | None = None
+    graphcut_lambda: float = 1.0
+
+    def view_name(self, k: int | None = None) -> str:
+        k = self.view if k is None else k
+        return self.names[k] if self.names else f"view {k}"
+
+    def ram_apl(self) -> RamAplStats:
+        if self.stats is None:
+            self.stats = ram_apl_stats(self.views, self.ctx, self.engine, self.names)
+        return self.stats
+
+    def by_score(self, score: np.ndarray, w: Callable[[float], dict] | None = None) -> list[Selection]:
+        """Per rate: the per-class lowest `score` (w(p) gives the weights to report)."""
+        return [_pack(self.name, p, select_by_score(self.ctx, score, p), self.ctx, w(p) if w else None)
+                for p in self.rates]
+
+    def by_order(self, orders: list) -> list[Selection]:
+        """Per rate: the first round(n_c p) of each class's greedy order (a smaller budget is a prefix)."""
+        out = []
+        for p in self.rates:
+            b = budgets(self.ctx.counts, p)
+            out.append(_pack(self.name, p, np.concatenate([o[:bc] for o, bc in zip(orders, b)]), self.ctx))
+        return out
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    cite: str
+    run: Callable[[Job], list]
+
+
+REGISTRY: dict[str, Method] = {}
+
+
+def method(name: str, cite: str):
+    """Register a selection function `fn(job) -> [Selection per rate]` under `name` with its paper."""
+    def deco(fn):
+        REGISTRY[name] = Method(name, cite, fn)
+        return fn
+    return deco
+
+
+def _ram_apl_weights(p: float) -> dict:
+    w1, w2 = weights(p)
+    return {"W1": w1, "W2": w2, "a": options.WEIGHT_A, "k": options.WEIGHT_K}
+
+
+@method("ram-apl", "Wan et al., Foundation Model Insights and a Multi-Model Approach for Superior Fine-Grained "
+                   "One-shot Subset Selection, ICML 2025 (RAM + APL)")
+def _ram_apl(job: Job) -> list[Selection]:
+    """RAM-APL: per class, the lowest W1(p) RAM + W2(p) APL (`ram_apl_score`)."""
+    st = job.ram_apl()
+    return [_pack(job.name, p, select_by_score(job.ctx, ram_apl_score(st, p), p), job.ctx, _ram_apl_weights(p))
+            for p in job.rates]
+
+
+@method("ram", "Wan et al., ICML 2025: ranking mean (RAM) alone, the ablation without APL")
+def _ram(job: Job) -> list[Selection]:
+    """RAM alone: per class, the lowest mean within-class distance rank over extractors."""
+    return job.by_score(job.ram_apl().ram)
+
+
+def _own_class_distance(job: Job, ks: Sequence[int]) -> np.ndarray:
+    """sqrt(sum_k ||f_k(x) - mu_{k,y}||^2) over views `ks`, from the shared pass or one streaming pass."""
+    if job.stats is not None:
+        return np.sqrt(sum(job.stats.dist[k] ** 2 for k in ks))
+    sq = None
+    for k in ks:
+        X = _open(job.views[k])
+        means = job.engine.class_means(X, job.ctx.labels, job.ctx.n_classes, name=job.view_name(k))
+        _, own = job.engine.nearest_mean(X, job.ctx.labels, means, name=job.view_name(k))
+        del X
+        sq = own * own if sq is None else sq + own * own
+    return np.sqrt(sq)
+
+
+@method("min", "Wan et al., ICML 2025 / Xia et al. 2023 'Moderate coreset' MIN baseline: closest to the class mean")
+def _min(job: Job) -> list[Selection]:
+    """MIN: per class, the samples closest to their class mean in one extractor (`view`)."""
+    if job.stats is not None:
+        return job.by_score(job.stats.dist[job.view])
+    return job.by_score(_own_class_distance(job, [job.view]))
+
+
+@method("concat", "Wan et al., ICML 2025: naive multi-model fusion by feature concatenation (then MIN)")
+def _concat(job: Job) -> list[Selection]:
+    """MIN on the concatenated features: ||[f_1; ...; f_K](x) - mu|| = sqrt(sum_k ||f_k(x) - mu_k||^2)."""
+    return job.by_score(_own_class_distance(job, range(len(job.views))))
+
+
+@method("moderate", "Xia et al., Moderate Coreset: A Universal Method of Data Selection for Real-world "
+                    "Data-efficient Deep Learning, ICLR 2023")
+def _moderate(job: Job) -> list[Selection]:
+    """Moderate-DS (official): distance to the per-dimension median of the class; budget int(n_c p); keep the
+    middle band sorted_idx[round(0.5 (n_c - b)) : +b]."""
+    X = _open(job.views[job.view])
+    ctx, vname = job.ctx, job.view_name()
+    dist = [None] * ctx.n_classes
+    for c, g in enumerate(ctx.groups):
+        F = np.asarray(X[g], dtype=np.float64)
+        _finite(F, vname, g)
+        dist[c] = np.linalg.norm(F - np.median(F, axis=0), axis=1)
+        job.engine.progress(f"moderate ({vname})", c + 1, ctx.n_classes)
+    out = []
+    for p in job.rates:
+        b = budgets(ctx.counts, p, rounding="int")
+        idx = []
+        for c, g in enumerate(ctx.groups):
+            srt = np.argsort(dist[c], kind="stable")
+            lo = round(0.5 * (len(g) - b[c]))
+            idx.append(g[srt[lo:lo + b[c]]])
+        out.append(_pack(job.name, p, np.concatenate(idx), ctx))
+    return out
+
+
+def _greedy(job: Job, order_fn, center: bool = True) -> list[Selection]:
+    """Per class, the greedy order up to the largest budget (`order_fn(Xc, budget, class_index, n_c)`)."""
+    X = _open(job.views[job.view])
+    ctx, vname, eng = job.ctx, job.view_name(), job.engine
+    bmax = budgets(ctx.counts, max(job.rates))
+    orders = []
+    for c, g in enumerate(ctx.groups):
+        Xc = eng.class_block(X, g, center=center)
+        if not bool(eng.torch.isfinite(Xc).all()):
+            _finite(np.asarray(X[g]), vname, g)
+        orders.append(g[order_fn(Xc, int(bmax[c]), len(g))])
+        eng.progress(f"{job.name} ({vname})", c + 1, ctx.n_classes)
+    return job.by_order(orders)
+
+
+@method("kcenter", "Sener & Savarese, Active Learning for Convolutional Neural Networks: A Core-Set Approach, "
+                   "ICLR 2018")
+def _kcenter(job: Job) -> list[Selection]:
+    """k-center greedy per class. The first centre follows DeepCore (it seeds numpy's global generator with
+    the seed, then `randint(0, n_c)`, per class): a fresh RandomState(seed), pinned by a parity test."""
+    def order(Xc, budget, n):
+        start = int(np.random.RandomState(job.seed % 2**32).randint(0, n))
+        return job.engine.kcenter_order(Xc, budget, start)
+    return _greedy(job, order)
+
+
+@method("herding", "Welling, Herding Dynamical Weights to Learn, ICML 2009 (argmin form)")
+def _herding(job: Job) -> list[Selection]:
+    """Herding per class (argmin form; see `Engine.herding_order`)."""
+    return _greedy(job, lambda Xc, budget, n: job.engine.herding_order(Xc, budget))
+
+
+@method("graphcut", "Iyer et al., Submodular Combinatorial Information Measures, ALT 2021 (graph-cut, as in "
+                    "DeepCore, Guo et al. 2022)")
+def _graphcut(job: Job) -> list[Selection]:
+    """Greedy graph-cut per class on cosine similarity (see `Engine.graphcut_order`)."""
+    return _greedy(job, lambda Xc, budget, n: job.engine.graphcut_order(Xc, budget, lam=job.graphcut_lambda),
+                   center=False)
+
+
+@method("random", "uniform class-balanced sampling (DeepCore Uniform, balance=True)")
+def _random(job: Job) -> list[Selection]:
+    """DeepCore Uniform(balance=True): numpy's global generator seeded with the seed, then per class
+    choice(round(p n_c)) without replacement; a fresh RandomState(seed) per rate, pinned by a parity test."""
+    out = []
+    for p in job.rates:
+        rs = np.random.RandomState(job.seed % 2**32)
+        b = budgets(job.ctx.counts, p)
+        idx = [rs.choice(g, int(bc), replace=False) for g, bc in zip(job.ctx.groups, b)]
+        out.append(_pack(job.name, p, np.concatenate(idx), job.ctx))
+    return out
+
+
+assert tuple(REGISTRY) == options.METHODS, "the registry and options.METHODS list the same methods in order"
+CITATIONS = {name: m.cite for name, m in REGISTRY.items()}
+
+
 def run_method(method: str, views: Sequence, ctx: Context, rates: Sequence[float], *, engine: Engine,
                seed: int = 0, view: int = 0, stats: RamAplStats | None = None, names=None,
                graphcut_lambda: float = 1.0) -> list[Selection]:
-    """Select with `method` at every rate in `rates`. `view` picks the extractor for single-view baselines."""
+    """Select with `method` at every rate in `rates`. `view` picks the extractor for single-view baselines;
+    `seed` (an int) drives the DeepCore-style random choices (random, k-center's first centre)."""
     rates = [check_rate(p) for p in rates]
-    if method not in METHODS:
-        raise BadInputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if method not in REGISTRY:
+        raise BadInputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}", param="methods")
     if not 0 <= view < len(views):
-        raise BadInputError(f"--view {view}: there are only {len(views)} feature views")
-    vname = names[view] if names else f"view {view}"
-    out: list[Selection] = []
-    if method in ("ram-apl", "ram"):
-        st = stats if stats is not None else ram_apl_stats(views, ctx, engine, names)
-        for p in rates:
-            if method == "ram-apl":
-                w1, w2 = weights(p)
-                out.append(_pack(method, p, select_by_score(ctx, ram_apl_score(st, p), p), ctx,
-                                 {"W1": w1, "W2": w2, "a": 0.2, "k": 1.0}))
-            else:
-                out.append(_pack(method, p, select_by_score(ctx, st.ram, p), ctx))
-        return out
-    if method in ("min", "concat"):
-        if stats is not None:
-            d = stats.dist[view] if method == "min" else np.sqrt(sum(x * x for x in stats.dist))
-        else:
-            sel = [views[view]] if method == "min" else list(views)
-            sq = None
-            for k, v in enumerate(sel):
-                X = _open(v)
-                nm = vname if method == "min" else (names[k] if names else f"view {k}")
-                means = engine.class_means(X, ctx.labels, ctx.n_classes, name=nm)
-                _, own = engine.nearest_mean(X, ctx.labels, means, name=nm)
-                del X
-                sq = own * own if sq is None else sq + own * own
-            d = np.sqrt(sq)
-        return [_pack(method, p, select_by_score(ctx, d, p), ctx) for p in rates]
-    if method == "random":
-        # DeepCore Uniform(balance=True): np.random.seed(seed); per class choice(round(p n_c)) without replacement.
-        for p in rates:
-            rs = np.random.RandomState(seed % 2**32)
-            b = budgets(ctx.counts, p)
-            idx = [rs.choice(g, int(bc), replace=False) for g, bc in zip(ctx.groups, b)]
-            out.append(_pack(method, p, np.concatenate(idx), ctx))
-        return out
-    X = _open(views[view])
-    if method == "moderate":
-        # Moderate-DS (official): distance to the per-dimension median of the class; budget int(n_c p);
-        # keep the middle band sorted_idx[round(0.5 (n_c - b)) : +b].
-        dist = [None] * ctx.n_classes
-        for c, g in enumerate(ctx.groups):
-            F = np.asarray(X[g], dtype=np.float64)
-            _finite(F, vname, g)
-            med = np.median(F, axis=0)
-            dist[c] = np.linalg.norm(F - med, axis=1)
-            engine.progress(f"moderate ({vname})", c + 1, ctx.n_classes)
-        for p in rates:
-            b = budgets(ctx.counts, p, rounding="int")
-            idx = []
-            for c, g in enumerate(ctx.groups):
-                srt = np.argsort(dist[c], kind="stable")
-                lo = round(0.5 * (len(g) - b[c]))
-                idx.append(g[srt[lo:lo + b[c]]])
-            out.append(_pack(method, p, np.concatenate(idx), ctx))
-        return out
-    # greedy per-class methods: the selection at a smaller budget is a prefix of the greedy order
-    bmax = budgets(ctx.counts, max(rates))
-    orders = []
-    for c, g in enumerate(ctx.groups):
-        Xc = engine.class_block(X, g, center=(method != "graphcut"))
-        if not bool(engine.torch.isfinite(Xc).all()):
-            _finite(np.asarray(X[g]), vname, g)
-        if method == "kcenter":
-            # DeepCore: np.random.seed(seed) then randint(0, n_c) for the first centre, per class
-            start = int(np.random.RandomState(seed % 2**32).randint(0, len(g)))
-            o = engine.kcenter_order(Xc, int(bmax[c]), start)
-        elif method == "herding":
-            o = engine.herding_order(Xc, int(bmax[c]))
-        else:
-            o = engine.graphcut_order(Xc, int(bmax[c]), lam=graphcut_lambda)
-        orders.append(g[o])
-        engine.progress(f"{method} ({vname})", c + 1, ctx.n_classes)
-    for p in rates:
-        b = budgets(ctx.counts, p)
-        out.append(_pack(method, p, np.concatenate([o[:bc] for o, bc in zip(orders, b)]), ctx))
-    return out
+        raise BadInputError(f"{view}: there are only {len(views)} feature views", param="view")
+    job = Job(method, views, ctx, rates, engine, seed=int(seed), view=view, names=names, stats=stats,
+              graphcut_lambda=graphcut_lambda)
+    return REGISTRY[method].run(job)
 
 
 def _finite(F: np.ndarray, name: str, rows: np.ndarray) -> None:
@@ -249,7 +356,7 @@ def select_many(methods: Sequence[str], views: Sequence, labels: np.ndarray, n_c
     """Run several methods, sharing the one streaming RAM/APL pass between ram-apl, ram, min and concat."""
     ctx = Context(labels, n_classes)
     stats = None
-    if keep_stats and any(m in ("ram-apl", "ram", "concat") for m in methods):
+    if keep_stats and any(m in options.STATS_METHODS for m in methods):
         stats = ram_apl_stats(views, ctx, engine, names)
     sels: list[Selection] = []
     for m in methods:
