@@ -339,3 +339,51 @@ def test_parallel_collection_matches_serial(tmp_path):
     # the quality ramp: the last (expert) episode earns more than the first (random-heavy) one on average
     rets = [[float(e["rewards"].sum()) for e in eps] for eps in e1]
     assert all(r[-1] > r[0] for r in rets)
+
+
+# --------------------------------------------------------------------------------------------- issue 20
+
+
+def test_every_mt50_expert_leaves_the_observation_unchanged():
+    """Issue 20: the door experts shift parts of the observation they are given in place. Every scripted expert
+    goes through `MetaWorldBackend.expert`, which must hand it a copy: the stored arrays stay as they were."""
+    from icmltools.goskill.tasks import MetaWorldBackend, resolve_tasks
+
+    b = MetaWorldBackend()
+    rng = np.random.default_rng(0)
+    frozen = [rng.uniform(-0.3, 0.9, 39).astype(np.float32) for _ in range(4)]
+    changed = []
+    for task in resolve_tasks("mt50"):
+        expert = b.expert(task)
+        for obs in frozen:
+            stored = obs.copy()
+            a = expert(obs)
+            assert a.shape == (4,)
+            if not np.array_equal(obs, stored):
+                changed.append(task)
+                obs[:] = stored
+    assert changed == [], f"experts that modified our observation: {sorted(set(changed))}"
+
+
+@pytest.mark.parametrize("task", ["door-open-v3", "door-close-v3"])
+def test_collected_door_episodes_replay_to_the_experts_success(tmp_path, task):
+    """The stored observations are the ones the environment produced (replaying the stored actions in an env
+    with the collection seed reproduces them exactly), and the expert episode replays to success."""
+    from icmltools.goskill.collect import collect, env_seed
+    from icmltools.goskill.tasks import MetaWorldBackend
+
+    summary = collect([task], tmp_path / "d", episodes=2, max_steps=100, seed=0)
+    assert summary["per_task"][task]["expert_half_success"] == 1.0
+    _, eps = D.load_dataset_dir(tmp_path / "d")
+    b = MetaWorldBackend()
+    env = b.make(task, env_seed(0, task))
+    for ep in eps[0]:       # episode i starts at the env's i-th reset
+        obs, succ = b.reset(env), []
+        assert np.array_equal(obs, ep["observations"][0])
+        for t, a in enumerate(ep["actions"]):
+            assert np.array_equal(obs, ep["observations"][t]), (task, t)
+            obs, _, s = b.step(env, a)
+            assert np.array_equal(obs, ep["next_observations"][t]), (task, t)
+            succ.append(s)
+        assert np.array_equal(np.asarray(succ, np.float32), ep["successes"])
+    assert max(succ)        # the last episode is the expert's (quality 1)

@@ -11,13 +11,13 @@ random to expert like a SAC replay buffer. Near-optimal = all episodes, sub-opti
 from __future__ import annotations
 
 import logging
-import os
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from icmltools.core.jsonio import atomic_path
+from icmltools.core.seed import derive
 
 from .tasks import backend_for
 
@@ -32,7 +32,7 @@ def ramp_episode(backend, env, expert, quality: float, max_steps: int, rng: np.r
     """Roll one behaviour episode at `quality` in [0, 1] (1 = expert with small noise)."""
     obs = backend.reset(env)
     act_dim = backend.act_dim
-    O, NO, A, R, S = [], [], [], [], []
+    ep = {k: [] for k in ("observations", "next_observations", "actions", "rewards", "successes")}
     hold_left, held = 0, None
     sigma = SIGMA[0] + SIGMA[1] * (1.0 - quality)
     for _ in range(max_steps):
@@ -46,16 +46,12 @@ def ramp_episode(backend, env, expert, quality: float, max_steps: int, rng: np.r
             a = expert(obs) + rng.normal(0.0, sigma, size=act_dim)
         a = np.clip(a, -1.0, 1.0).astype(np.float32)
         nobs, r, succ = backend.step(env, a)
-        O.append(obs)
-        NO.append(nobs)
-        A.append(a)
-        R.append(r)
-        S.append(succ)
+        for k, v in zip(ep, (obs, nobs, a, r, succ)):
+            ep[k].append(v)
         obs = nobs
-    T = len(A)
-    return {"observations": np.asarray(O, np.float32), "next_observations": np.asarray(NO, np.float32),
-            "actions": np.asarray(A, np.float32), "rewards": np.asarray(R, np.float32),
-            "terminals": np.zeros(T, np.float32), "successes": np.asarray(S, np.float32)}
+    out = {k: np.asarray(v, np.float32) for k, v in ep.items()}
+    out["terminals"] = np.zeros(len(out["actions"]), np.float32)
+    return out
 
 
 def save_episode(path: Path, ep: dict) -> None:
@@ -65,14 +61,23 @@ def save_episode(path: Path, ep: dict) -> None:
             np.savez(f, **ep)
 
 
+def task_stream(seed: int, task: str):
+    """The collection stream of one task (keyed by its name: a task's data does not depend on the task list)."""
+    return derive(seed, "collect", task)
+
+
+def env_seed(seed: int, task: str) -> int:
+    """The seed of the environment a task's episodes are collected in (its i-th reset starts episode i)."""
+    return task_stream(seed, task).child("env").int(31)
+
+
 def _collect_task(args) -> dict:
-    task, task_index, n_episodes, max_steps, seed, out_dir, backend_name = args
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    task, n_episodes, max_steps, seed, out_dir, backend_name = args
     from .tasks import MetaWorldBackend, ToyBackend
 
     backend = ToyBackend() if backend_name == "toy" else MetaWorldBackend()
-    rng = np.random.default_rng([seed, task_index, 17])
-    env = backend.make(task, seed=int(rng.integers(2**31 - 1)))
+    rng = task_stream(seed, task).child("behaviour").numpy()
+    env = backend.make(task, seed=env_seed(seed, task))
     expert = backend.expert(task)
     returns, succ = [], []
     for i in range(n_episodes):
@@ -88,7 +93,7 @@ def collect(tasks: list[str], out_dir: str | Path, *, episodes: int, max_steps: 
             workers: int = 1, progress=None) -> dict:
     """Collect `episodes` ramp episodes of `max_steps` for each task into `out_dir/<task>/<i>.npz`."""
     backend = backend_for(tasks)
-    jobs = [(t, k, episodes, max_steps, seed, str(out_dir), backend.name) for k, t in enumerate(tasks)]
+    jobs = [(t, episodes, max_steps, seed, str(out_dir), backend.name) for t in tasks]
     results = []
     if workers <= 1:
         for k, job in enumerate(jobs):

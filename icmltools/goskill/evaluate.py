@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from icmltools.core.seed import derive
+
 from .models import BCPolicy, HighLevelPolicy, SkillModel
 
 
@@ -151,5 +153,6 @@ def _slot_rank(j: int, tids: np.ndarray) -> int:
 
 
 def build_envs(backend, tasks, per_task: int, seed: int):
-    rng = np.random.default_rng([seed, 99])
-    return [[backend.make(t, int(rng.integers(2**31 - 1))) for _ in range(per_task)] for t in tasks]
+    """`per_task` environments per task, env j of task t seeded from derive(seed, "evaluate", t, j): the goals a
+    task is evaluated on depend on the seed and the task, not on the other tasks of the run."""
+    return [[backend.make(t, derive(seed, "evaluate", t, j).int(31)) for j in range(per_task)] for t in tasks]

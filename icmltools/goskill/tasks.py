@@ -1,32 +1,52 @@
-"""Task lists, environment back-ends (MetaWorld 3.x `-v3` and a pure-numpy toy) and warning hygiene."""
+"""Task lists, environment back-ends (MetaWorld 3.x `-v3` and a pure-numpy toy) and warning hygiene.
+
+Arrays we store never reach code we do not own: the scripted experts get a copy of the observation (the
+door experts shift parts of the array they are given in place; issue 20), and observations coming back
+from an environment are copied into our own float32 arrays.
+"""
 from __future__ import annotations
 
 import contextlib
 import difflib
 import logging
+import sys
 import warnings
 from typing import Callable
 
 import numpy as np
 
 from icmltools.core.errors import BadInputError, MissingDependencyError
+from icmltools.core.seed import derive
 
 MT10 = ["reach-v3", "push-v3", "pick-place-v3", "door-open-v3", "drawer-open-v3", "drawer-close-v3",
         "button-press-topdown-v3", "peg-insert-side-v3", "window-open-v3", "window-close-v3"]
 
+log = logging.getLogger(__name__)
+
+
+def _mujoco_warning(msg: str) -> None:
+    log.warning("MuJoCo: %s", str(msg).strip())
+
 
 @contextlib.contextmanager
 def quiet():
-    """Silence the warnings MetaWorld, gymnasium and the scripted policies emit (they go nowhere)."""
+    """Silence the warnings MetaWorld, gymnasium and the scripted policies emit, and send MuJoCo's own
+    warnings (printed on stdout and appended to ./MUJOCO_LOG.TXT by default) to the log, which `-q` silences."""
+    mj = sys.modules.get("mujoco")
+    old_hook = mj.get_mju_user_warning() if mj is not None else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lg = logging.getLogger("gymnasium")
         old = lg.level
         lg.setLevel(logging.ERROR)
+        if mj is not None:
+            mj.set_mju_user_warning(_mujoco_warning)
         try:
             yield
         finally:
             lg.setLevel(old)
+            if mj is not None:
+                mj.set_mju_user_warning(old_hook)
 
 
 def _metaworld():
@@ -45,28 +65,40 @@ def all_task_names() -> list[str]:
     return list(_metaworld()[0])
 
 
-def resolve_tasks(spec: str | list[str] | tuple) -> list[str]:
-    """`mt10`, `mt50` or a comma-separated list of MetaWorld `-v3` task names (validated)."""
+def _split(spec) -> list[str]:
     if isinstance(spec, str):
-        key = spec.strip().lower()
-        if key == "mt10":
-            return list(MT10)
-        if key == "mt50":
-            return list(_metaworld()[2])
-        names = [s.strip() for s in spec.split(",") if s.strip()]
-    else:
-        names = [str(s).strip() for s in spec]
+        return [s.strip().lower() for s in spec.split(",") if s.strip()]
+    return [str(s).strip().lower() for s in spec]
+
+
+def resolve_tasks(spec: str | list[str] | tuple) -> list[str]:
+    """`mt10`, `mt50` or a comma-separated list of MetaWorld `-v3` task names, any case (validated); or the
+    toy tasks toy-a..toy-d of the pure-numpy test env."""
+    names = _split(spec)
+    if names == ["mt10"]:
+        return list(MT10)
+    if names == ["mt50"]:
+        return list(_metaworld()[2])
     if not names:
-        raise BadInputError("--tasks: no task names given (use mt10, mt50 or a comma-separated list)")
+        raise BadInputError("no task names given (use mt10, mt50 or a comma-separated list)", param="tasks")
+    if len(set(names)) != len(names):
+        raise BadInputError("a task is listed twice", param="tasks")
+    if all(t in ToyEnv.GOALS for t in names):
+        return names
+    check_metaworld_tasks(names, param="tasks")
+    return names
+
+
+def check_metaworld_tasks(names: list[str], *, param: str | None = None, what: str = "unknown MetaWorld task {!r}",
+                          hint: str | None = None) -> None:
+    """Raise naming the first name that is not a MetaWorld v3 task (close matches as the hint by default)."""
     known = set(all_task_names())
     for n in names:
         if n not in known:
-            close = difflib.get_close_matches(n, sorted(known), n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else "names look like reach-v3; or use mt10 / mt50"
-            raise BadInputError(f"--tasks: unknown MetaWorld task {n!r}", hint=hint)
-    if len(set(names)) != len(names):
-        raise BadInputError("--tasks: a task is listed twice")
-    return names
+            if hint is None:
+                close = difflib.get_close_matches(n, sorted(known), n=3)
+                hint = f"did you mean {', '.join(close)}?" if close else "names look like reach-v3; or use mt10 / mt50"
+            raise BadInputError(what.format(n), hint=hint, param=param)
 
 
 class MetaWorldBackend:
@@ -97,24 +129,26 @@ class MetaWorldBackend:
             env.seed(env._icml_seed)
 
     def expert(self, task: str) -> Callable[[np.ndarray], np.ndarray]:
+        """MetaWorld's scripted policy for `task`. It gets a copy of the observation: the door experts modify
+        the array they are given (door-close shifts obs[4:7], door-open obs[4]), which corrupted stored data."""
         pol = _metaworld()[3][task]()
 
         def act(obs):
             with quiet():
-                return np.asarray(pol.get_action(obs), dtype=np.float64)
+                return np.asarray(pol.get_action(np.array(obs, copy=True)), dtype=np.float64)
         return act
 
     @staticmethod
     def reset(env):
         with quiet():
             obs, _ = env.reset()
-        return np.asarray(obs, dtype=np.float32)
+        return np.array(obs, dtype=np.float32, copy=True)
 
     @staticmethod
     def step(env, action):
         with quiet():
-            obs, r, term, trunc, info = env.step(np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0))
-        return np.asarray(obs, dtype=np.float32), float(r), bool(info.get("success", 0.0) > 0)
+            obs, r, term, trunc, info = env.step(np.clip(np.array(action, dtype=np.float64), -1.0, 1.0))
+        return np.array(obs, dtype=np.float32, copy=True), float(r), bool(info.get("success", 0.0) > 0)
 
 
 # --------------------------------------------------------------------------------------------- toy
@@ -131,12 +165,16 @@ class ToyEnv:
 
     def __init__(self, task: str, seed: int):
         if task not in self.GOALS:
-            raise BadInputError(f"unknown toy task {task!r}")
+            raise BadInputError(f"unknown toy task {task!r}", param="tasks")
         self.task = task
         self.seed = seed
-        self.rng = np.random.default_rng(seed)
+        self.rng = self.start_rng(seed)
         self.pos = np.zeros(2)
         self.goal = np.asarray(self.GOALS[task], dtype=np.float64)
+
+    @staticmethod
+    def start_rng(seed: int) -> np.random.Generator:
+        return derive(int(seed), "toy-env").numpy()
 
     def obs(self):
         return np.concatenate([self.pos, self.goal, np.zeros(2)]).astype(np.float32)
@@ -157,7 +195,7 @@ class ToyBackend:
 
     @staticmethod
     def reseed(env):
-        env.rng = np.random.default_rng(env.seed)
+        env.rng = ToyEnv.start_rng(env.seed)
 
     @staticmethod
     def reset(env):
@@ -172,5 +210,17 @@ class ToyBackend:
         return env.obs(), 1.0 - d, d < 0.1
 
 
-def backend_for(tasks: list[str]):
-    return ToyBackend() if tasks and all(t in ToyEnv.GOALS for t in tasks) else MetaWorldBackend()
+def is_toy(tasks) -> bool:
+    return bool(tasks) and all(t in ToyEnv.GOALS for t in tasks)
+
+
+def backend_for(tasks: list[str], obs_dim: int | None = None):
+    """The back-end that can run `tasks` (all toy, or all MetaWorld v3), checked against the data's obs size."""
+    if is_toy(tasks):
+        return ToyBackend()
+    check_metaworld_tasks(tasks, what="task {!r} of the dataset is not a MetaWorld v3 task; it cannot be evaluated",
+                          hint="run the training stages only (extract, enhance, policy, baselines)")
+    b = MetaWorldBackend()
+    if obs_dim is not None and obs_dim != b.obs_dim:
+        raise BadInputError(f"dataset observations have {obs_dim} dims; MetaWorld has {b.obs_dim}")
+    return b
