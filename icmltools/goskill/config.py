@@ -1,84 +1,24 @@
-"""Configuration and presets. `gpu` = the paper's sizes; `cpu` = the same structure at small width;
-`quick` = `cpu` with less data and fewer iterations (the bare command)."""
+"""Resolving and checking a configuration: a preset plus overrides (`options` holds the dataclass, the presets
+and every choice list; they are re-exported here for older imports)."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 from icmltools.core.errors import BadInputError
 
+from .options import CONDITIONINGS, DECODERS, PRESETS, SPLITS, GoSkillConfig
 
-@dataclass(frozen=True)
-class GoSkillConfig:
-    preset: str = "quick"
-    tasks: str = "mt10"
-    episodes: int = 20              # collected episodes per task (quality ramp random -> expert)
-    max_steps: int = 150            # episode length for collection and evaluation
-    split: str = "near"             # near = all episodes, sub = first half
-    workers: int = 1
-    H: int = 10                     # skill horizon (goal = s_{t+H} - s_t)
-    n_codes: int = 16
-    vq_dim: int = 64
-    vq_decay: float = 0.8
-    commitment: float = 1.0
-    kmeans_init: bool = True
-    enc_hidden: int = 128
-    enc_layers: int = 3
-    decoder: str = "transformer"    # transformer (paper) | mlp
-    dec_hidden: int = 64
-    dec_layers: int = 2
-    dec_heads: int = 4
-    hl_hidden: int = 64
-    hl_layers: int = 2
-    hl_heads: int = 4
-    context: int = 8                # skill steps seen by the high level (paper: 20)
-    prompt_len: int = 5             # skill steps of the trajectory prompt (paper: 10)
-    prompt_pool: int = 3            # highest-return episodes per task used as prompts
-    conditioning: str = "prompt"    # prompt | task
-    dropout: float = 0.1
-    lr: float = 3e-4
-    weight_decay: float = 1e-4
-    warmup: int = 200
-    grad_clip: float = 1.0
-    extract_iters: int = 500
-    extract_batch: int = 64
-    enhance_iters: int = 600        # official: one decoder-only step per high-level step (= policy_iters)
-    enhance_per_code: int = 0       # windows per used code in a balanced batch; 0 = extract_batch // used codes
-    policy_iters: int = 600
-    policy_batch: int = 16
-    bc_iters: int = 800
-    bc_batch: int = 256
-    bc_hidden: int = 256
-    eval_episodes: int = 3
-    envs_per_task: int = 1
-    rtg_scale: float = 0.0          # 0 = 10 * max_steps (MetaWorld rewards are <= 10 per step)
-    max_ep_len: int = 1000
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @property
-    def scale(self) -> float:
-        return float(self.rtg_scale) if self.rtg_scale > 0 else 10.0 * self.max_steps
-
-
-PRESETS = {
-    "quick": {},
-    "cpu": dict(episodes=40, max_steps=200, context=20, prompt_len=10, enc_hidden=256, dec_hidden=128, hl_hidden=128, extract_iters=2000,
-                extract_batch=64, enhance_iters=1500, policy_iters=1500, policy_batch=16,
-                bc_iters=2000, eval_episodes=10, warmup=300),
-    "gpu": dict(episodes=200, max_steps=500, context=20, prompt_len=10, enc_hidden=256, dec_hidden=256, dec_layers=6, dec_heads=8,
-                hl_hidden=256, hl_layers=6, hl_heads=8, extract_iters=30000, extract_batch=16 * 10,
-                enhance_iters=70000, policy_iters=70000, policy_batch=8 * 10,
-                bc_iters=30000, bc_batch=1024, warmup=5000, eval_episodes=50, envs_per_task=10, workers=4),
-}
+__all__ = ["FIELDS", "PRESETS", "GoSkillConfig", "config_from_dict", "make_config", "validate"]
 
 FIELDS = {f.name: f for f in dataclasses.fields(GoSkillConfig)}
+_AT_LEAST_ONE = ("H", "episodes", "max_steps", "n_codes", "eval_episodes", "envs_per_task", "context", "prompt_len")
+_CHOICES = {"decoder": DECODERS, "conditioning": CONDITIONINGS, "split": SPLITS}
 
 
 def make_config(preset: str = "quick", **overrides) -> GoSkillConfig:
+    """The preset's configuration with the overrides that are not None applied, checked."""
     if preset not in PRESETS:
-        raise BadInputError(f"--preset {preset!r}: use one of {', '.join(PRESETS)}")
+        raise BadInputError(f"{preset!r}: use one of {', '.join(PRESETS)}", param="preset")
     kw = dict(PRESETS[preset])
     for k, v in overrides.items():
         if v is None:
@@ -91,7 +31,7 @@ def make_config(preset: str = "quick", **overrides) -> GoSkillConfig:
     return cfg
 
 
-def config_from_dict(d: dict, path: str = "config.json") -> GoSkillConfig:
+def config_from_dict(d: dict, path: str = "pipeline.json") -> GoSkillConfig:
     unknown = set(d) - set(FIELDS)
     if unknown:
         raise BadInputError(f"{path}: unknown keys {sorted(unknown)}")
@@ -101,18 +41,16 @@ def config_from_dict(d: dict, path: str = "config.json") -> GoSkillConfig:
 
 
 def validate(cfg: GoSkillConfig) -> None:
-    if cfg.decoder not in ("transformer", "mlp"):
-        raise BadInputError(f"--decoder {cfg.decoder!r}: use transformer or mlp")
-    if cfg.conditioning not in ("prompt", "task"):
-        raise BadInputError(f"--conditioning {cfg.conditioning!r}: use prompt or task")
-    if cfg.split not in ("near", "sub"):
-        raise BadInputError(f"--split {cfg.split!r}: use near or sub")
-    for k in ("H", "episodes", "max_steps", "n_codes", "eval_episodes", "envs_per_task", "context", "prompt_len"):
+    """Errors name the configuration field (the command shows the option that sets it)."""
+    for k, allowed in _CHOICES.items():
+        if getattr(cfg, k) not in allowed:
+            raise BadInputError(f"{getattr(cfg, k)!r}: use {' or '.join(allowed)}", param=k)
+    for k in _AT_LEAST_ONE:
         if getattr(cfg, k) < 1:
-            raise BadInputError(f"--{k.replace('_', '-')} must be >= 1 (got {getattr(cfg, k)})")
+            raise BadInputError(f"must be >= 1 (got {getattr(cfg, k)})", param=k)
     if cfg.enhance_per_code < 0:
-        raise BadInputError(f"enhance_per_code must be >= 0 (0 = automatic; got {cfg.enhance_per_code})")
+        raise BadInputError(f"must be >= 0 (0 = automatic; got {cfg.enhance_per_code})", param="enhance_per_code")
     if cfg.episodes < 2 and cfg.split == "sub":
-        raise BadInputError("--split sub needs at least 2 episodes per task")
+        raise BadInputError("the sub split needs at least 2 episodes per task", param="episodes")
     if cfg.max_steps >= cfg.max_ep_len:
-        raise BadInputError(f"--max-steps {cfg.max_steps} must be below {cfg.max_ep_len}")
+        raise BadInputError(f"{cfg.max_steps} must be below max_ep_len = {cfg.max_ep_len}", param="max_steps")

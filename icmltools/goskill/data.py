@@ -56,23 +56,23 @@ def load_dataset_dir(root: str | Path, tasks: list[str] | None = None) -> tuple[
     """Read `<root>/<task>/<i>.npz` for the given tasks (default: every sub-folder holding episodes)."""
     root = Path(root)
     if not root.is_dir():
-        raise BadInputError(f"--data {root}: not a directory")
+        raise BadInputError(f"{root}: not a directory", param="data")
     if tasks is None:
         tasks = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.npz")))
         if not tasks:
-            raise BadInputError(f"--data {root}: no <task>/<i>.npz episodes found")
+            raise BadInputError(f"{root}: no <task>/<i>.npz episodes found", param="data")
     episodes = []
     for t in tasks:
         d = root / t
         if not d.is_dir():
-            raise BadInputError(f"--data {root}: no folder for task {t!r}")
+            raise BadInputError(f"{root}: no folder for task {t!r}", param="data")
         eps = load_task_dir(d)
         if not eps:
-            raise BadInputError(f"--data {d}: no <i>.npz episodes")
+            raise BadInputError(f"{d}: no <i>.npz episodes", param="data")
         episodes.append(eps)
     dims = {(e["observations"].shape[1], e["actions"].shape[1]) for eps in episodes for e in eps}
     if len(dims) != 1:
-        raise BadInputError(f"--data {root}: episodes disagree on (obs_dim, act_dim): {sorted(dims)}")
+        raise BadInputError(f"{root}: episodes disagree on (obs_dim, act_dim): {sorted(dims)}", param="data")
     return list(tasks), episodes
 
 
@@ -82,7 +82,7 @@ def split_episodes(episodes: list[list[dict]], split: str) -> list[list[dict]]:
         return episodes
     if split == "sub":
         return [eps[: max(1, len(eps) // 2)] for eps in episodes]
-    raise BadInputError(f"--split {split!r}: use near or sub")
+    raise BadInputError(f"{split!r}: use near or sub", param="split")
 
 
 def goal_end_index(t: np.ndarray, ep_end: np.ndarray, H: int) -> np.ndarray:
