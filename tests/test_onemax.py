@@ -121,6 +121,19 @@ def test_smooth_is_pareto_optimal_pointwise_and_special_cases():
                                rules.threshold("trust", y, theta, P))
 
 
+@pytest.mark.parametrize("name", ["elyaniv", "trust", "sun", "smooth", "smooth-rho"])
+def test_pareto_rules_keep_robustness_for_predictions_outside_the_bounds(name):
+    """Robustness holds for every prediction, including y above M or below m (noisy predictors produce them):
+    W(p*, y) >= r for all p* in [1, theta]. Before the fix, smooth at y = 20.5 > theta = 16 set Phi = 5.60 > 1/r
+    and sold at 1.04 after a maximum of 5.46 (ratio 0.191 < r = 0.193)."""
+    theta = 16.0
+    r, _ = worstcase.robustness_consistency(name, theta, P)
+    ps = np.exp(np.linspace(0, np.log(theta), 2001))
+    for y in (0.2, 0.9, 15.9, 16.0, 16.5, 20.5, 100.0, 1e6):
+        w = worstcase.instance_ratio(name, ps, y, theta, P)
+        assert w.min() >= r - 1e-12, (name, y, w.min(), r)
+
+
 def test_lambda_robustness_mapping_roundtrip():
     theta = 16.0
     for lam in (0.05, 0.3, 0.5, 0.99):

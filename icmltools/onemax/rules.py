@@ -130,8 +130,9 @@ def threshold(name: str, y, theta, params: RuleParams):
         r = params.r(theta)
         rt = r * theta
         sigma = smooth_sigma(r, theta)
+        ys = np.minimum(y, theta)  # a prediction above M is known to overshoot: beyond theta Phi stays 1/r
         with np.errstate(divide="ignore", invalid="ignore"):
-            phi = np.where(y <= rt, rt, rt * (np.maximum(y, rt) / rt) ** sigma)
+            phi = np.where(ys <= rt, rt, rt * (np.maximum(ys, rt) / rt) ** sigma)
         if name == "smooth-rho":
             env = np.clip(y, rt, 1.0 / r)
             phi = phi ** (1.0 - params.rho) * env ** params.rho
