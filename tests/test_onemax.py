@@ -169,9 +169,9 @@ def test_vectorised_simulation_equals_naive_loop():
 def test_scale_invariance():
     series = data.synthetic_market(3000, seed=1)
     cfg = api.OneMaxConfig(m=50.0, M=800.0, window=100, stride=20, noise=("exact", "lognormal", "prev-max"))
-    a = api.run_empirical(cfg, series, np.random.default_rng(0), "s")
+    a = api.run_empirical(cfg, series, 0, "s")
     cfg2 = api.OneMaxConfig(m=50.0 * 7.3, M=800.0 * 7.3, window=100, stride=20, noise=("exact", "lognormal", "prev-max"))
-    b = api.run_empirical(cfg2, series * 7.3, np.random.default_rng(0), "s")
+    b = api.run_empirical(cfg2, series * 7.3, 0, "s")
     for aa, bb in zip(a["algorithms"], b["algorithms"]):
         for ra, rb in zip(aa["empirical"], bb["empirical"]):
             for k in ("mean_ratio", "ratio_of_means", "min_ratio", "median_ratio"):
@@ -184,7 +184,7 @@ def test_stochastic_ratios_respect_guarantees():
     for market in ("walk", "uniform", "spikes"):
         cfg = api.OneMaxConfig(mode="stochastic", market=market, n_windows=3000, window=40,
                                noise=("exact", "lognormal"), errors=(0.5,))
-        res = api.run_stochastic(cfg, np.random.default_rng(1))
+        res = api.run_stochastic(cfg, seed=1)
         for a in res["algorithms"]:
             for row in a["stochastic"]:
                 assert row["min_ratio"] >= a["robustness"] - 1e-9, (market, a["name"])
@@ -229,6 +229,7 @@ def test_cli_default_runs_embedded_market_and_is_deterministic(run_cli):
     assert c["result"] != a["result"]
 
 
+@pytest.mark.filterwarnings("error::DeprecationWarning")  # stdin is read without click's deprecated get_text_stream
 def test_cli_stdin_and_lookahead_flag(run_cli):
     series = data.synthetic_market(1000, seed=2)
     _, doc = run_cli(["onemax-sim", "-q", "--prices", "-", "--window", "50", "--noise", "exact"],
@@ -247,6 +248,10 @@ def test_cli_plot(run_cli, tmp_path):
     png = tmp_path / "g.png"
     _, doc = run_cli(["onemax-sim", "-q", "--mode", "worst-case", "--plot", str(png)])
     assert png.read_bytes()[:4] == b"\x89PNG" and doc["artifacts"]["plot"] == str(png)
+    png2 = tmp_path / "s.png"  # other modes plot the worst-case profiles at the run's theta (api, not the command)
+    _, doc = run_cli(["onemax-sim", "-q", "--mode", "stochastic", "--n-windows", "200", "--window", "20",
+                      "--theta", "9", "--plot", str(png2)])
+    assert png2.read_bytes()[:4] == b"\x89PNG" and doc["artifacts"]["plot"] == str(png2)
 
 
 @pytest.mark.parametrize("content,extra,msg", [
@@ -277,3 +282,62 @@ def test_cli_bad_parameters_exit_2(run_cli, args):
 def test_cli_missing_price_file_exit_2(run_cli):
     res, _ = run_cli(["onemax-sim", "--prices", "/no/such/file"], expect_code=2)
     assert "no such file" in res.stderr
+
+
+# ------------------------------------------------------------------------------------------ the house pattern
+
+
+def test_options_module_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = ("import sys, icmltools.onemax.options, icmltools.onemax, icmltools.commands.onemax_sim; "
+            "print(','.join(m for m in ('numpy', 'torch', 'scipy', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_lists_live_once_and_api_picks_error_levels():
+    from icmltools.onemax import options
+
+    assert rules.ALGORITHMS == options.ALGORITHMS and simulate.NOISE_MODELS == options.NOISE_MODELS
+    assert tuple(rules.THRESHOLDS) == options.ALL_ALGORITHMS and api.MODES == options.MODES
+    assert rules.RuleParams is options.RuleParams and api.OneMaxConfig is options.OneMaxConfig
+    wc = api.resolve(api.OneMaxConfig(mode="worst-case"))
+    assert len(wc.errors) == options.WORST_CASE_POINTS and wc.errors[0] == 0.0 and wc.errors[-1] == 1.0
+    assert api.resolve(api.OneMaxConfig()).errors == options.SIMULATION_ERRORS
+    assert api.resolve(api.OneMaxConfig(errors=(0.7,))).errors == (0.7,)
+
+
+def test_embedded_market_alone_equals_inside_the_run():
+    """The embedded market and the predictions come from derived streams: the market built alone and fed to
+    run_empirical with the declared bounds gives the command's numbers."""
+    from dataclasses import replace
+
+    cfg = api.OneMaxConfig(market_length=3000, window=100, stride=20, noise=("exact", "lognormal", "prev-max"))
+    res, art = api.run(cfg, seed=2)
+    assert art == {} and res["bounds"]["m"] == data.MARKET_BOUNDS[0] and res["bounds"]["M"] == data.MARKET_BOUNDS[1]
+    alone = api.run_empirical(replace(cfg, m=50.0, M=800.0), data.synthetic_market(3000, seed=2), 2, res["source"])
+    assert alone == res
+    other, _ = api.run(cfg, seed=3)
+    assert other["algorithms"] != res["algorithms"]
+
+
+def test_library_errors_name_parameters(run_cli):
+    from icmltools.core.errors import BadInputError
+
+    for call, param in ((lambda: rules.validate(1.0), "theta"),
+                        (lambda: rules.validate(16.0, RuleParams(lam=2.0)), "lam"),
+                        (lambda: data.check_bounds(np.ones(3), 1.0, None), "M"),
+                        (lambda: api.run(api.OneMaxConfig(mode="stochastic", market="nope")), "market"),
+                        (lambda: api.run(api.OneMaxConfig(mode="worst-case", errors=(1.5,))), "errors")):
+        with pytest.raises(BadInputError) as ei:
+            call()
+        assert ei.value.param == param and "--" not in ei.value.message, (param, ei.value.message)
+    res, _ = run_cli(["onemax-sim", "--market-length", "500", "--m", "50"], expect_code=2)
+    assert res.stderr.startswith("Error: --M: give both m and M"), res.stderr
+    res, _ = run_cli(["onemax-sim", "--mode", "worst-case", "--errors", "0.9,x"], expect_code=2)
+    assert "--errors" in res.stderr and "not a number" in res.stderr
+    _, doc = run_cli(["onemax-sim", "-q", "--mode", "worst-case", "--algorithms", "all", "--errors", "0.9"])
+    assert [a["name"] for a in doc["result"]["algorithms"]] == list(rules.ALGORITHMS + rules.EXTRA_ALGORITHMS)

@@ -6,7 +6,10 @@ import os
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import derive
 from icmltools.core.table import read_column
+
+from . import options
 
 
 def parse_prices(text: str, source: str = "<stdin>", column: str | int | None = None) -> np.ndarray:
@@ -42,18 +45,19 @@ def read_prices(path: str, stdin_text: str | None = None, column=None) -> np.nda
 
 def check_bounds(prices: np.ndarray, m: float | None, M: float | None, source: str = "prices") -> None:
     if (m is None) != (M is None):
-        raise BadInputError("give both --m and --M, or neither (then bounds come from each window, a look-ahead)")
+        raise BadInputError("give both m and M, or neither (then bounds come from each window, a look-ahead)",
+                            param="m" if m is None else "M")
     if m is None:
         return
     if not (0 < m < M):
-        raise BadInputError(f"need 0 < --m < --M, got m={m}, M={M}")
+        raise BadInputError(f"need 0 < m < M, got m={m}, M={M}", param="m")
     lo, hi = float(prices.min()), float(prices.max())
     if lo < m or hi > M:
         k = int(np.nonzero((prices < m) | (prices > M))[0][0])
         raise BadInputError(f"{source}: price {prices[k]} at index {k} lies outside the declared [m, M] = [{m}, {M}]")
 
 
-MARKET_BOUNDS = (50.0, 800.0)  # the embedded market's declared [m, M] (theta = 16)
+MARKET_BOUNDS = options.MARKET_BOUNDS  # the embedded market's declared [m, M] (theta = 16)
 
 
 def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
@@ -63,11 +67,12 @@ def _reflect(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return lo + np.where(y > w, 2 * w - y, y)
 
 
-def synthetic_market(n: int = 40000, seed: int = 0, vol: float = 0.06, jump_prob: float = 0.004,
+def synthetic_market(n: int = options.MARKET_LENGTH, seed: int = 0, vol: float = 0.06, jump_prob: float = 0.004,
                      jump_scale: float = 0.5, bounds: tuple[float, float] = MARKET_BOUNDS) -> np.ndarray:
     """The embedded default market: a log random walk with rare jumps, reflected into the declared
-    bounds [m, M] (so a trader who is told m and M is told the truth). Deterministic per seed."""
-    rng = np.random.default_rng(seed)
+    bounds [m, M] (so a trader who is told m and M is told the truth). Draws from
+    `derive(seed, "onemax", "market")`, so the same seed gives the same market alone or inside a run."""
+    rng = derive(seed, "onemax", "market").numpy()
     lo, hi = np.log(bounds[0]), np.log(bounds[1])
     steps = vol * rng.standard_normal(n)
     jumps = rng.random(n) < jump_prob
@@ -76,16 +81,31 @@ def synthetic_market(n: int = 40000, seed: int = 0, vol: float = 0.06, jump_prob
     return np.exp(_reflect(x, lo, hi))
 
 
+def _walk(n: int, T: int, lt: float, rng) -> np.ndarray:
+    """Reflected log random walk from a uniform start, step sd 0.8 ln(theta)/sqrt(T)."""
+    x = np.cumsum(rng.normal(0.0, lt / np.sqrt(T) * 0.8, (n, T)), axis=1) + rng.random((n, 1)) * lt
+    return np.exp(_reflect(x, 0.0, lt))
+
+
+def _uniform(n: int, T: int, lt: float, rng) -> np.ndarray:
+    """Independent log-uniform prices on [1, theta]."""
+    return np.exp(rng.random((n, T)) * lt)
+
+
+def _spikes(n: int, T: int, lt: float, rng) -> np.ndarray:
+    """Low log-uniform prices on [1, theta^0.3] with rare (2/T per step) log-uniform spikes on [1, theta]."""
+    base = np.exp(rng.random((n, T)) * lt * 0.3)
+    spike = rng.random((n, T)) < 2.0 / T
+    return np.where(spike, np.exp(rng.random((n, T)) * lt), base)
+
+
+_MARKETS = {"walk": _walk, "uniform": _uniform, "spikes": _spikes}
+assert tuple(_MARKETS) == options.MARKETS
+
+
 def random_windows(kind: str, n: int, T: int, theta: float, rng: np.random.Generator) -> np.ndarray:
     """Stochastic price windows in [1, theta]: 'walk' (reflected log random walk), 'uniform', 'spikes'."""
-    lt = np.log(theta)
-    if kind == "uniform":
-        return np.exp(rng.random((n, T)) * lt)
-    if kind == "walk":
-        x = np.cumsum(rng.normal(0.0, lt / np.sqrt(T) * 0.8, (n, T)), axis=1) + rng.random((n, 1)) * lt
-        return np.exp(_reflect(x, 0.0, lt))
-    if kind == "spikes":
-        base = np.exp(rng.random((n, T)) * lt * 0.3)
-        spike = rng.random((n, T)) < 2.0 / T
-        return np.where(spike, np.exp(rng.random((n, T)) * lt), base)
-    raise BadInputError(f"unknown stochastic market {kind!r}; use walk, uniform or spikes")
+    fn = _MARKETS.get(kind)
+    if fn is None:
+        raise BadInputError(f"unknown stochastic market {kind!r}; use {', '.join(options.MARKETS)}", param="market")
+    return fn(n, T, np.log(theta), rng)

@@ -15,7 +15,8 @@ def plot_profiles(report: dict, path: str | Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise MissingDependencyError("--plot needs matplotlib", hint="pip install 'icml-tools[plot]'") from e
+        raise MissingDependencyError("needs matplotlib", hint="pip install 'icml-tools[plot]'",
+                                     param="plot") from e
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for alg in report["algorithms"]:
         xs = [p["error"] for p in alg["profile"]]

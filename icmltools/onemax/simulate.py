@@ -10,9 +10,10 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
+from . import options
 from .rules import RuleParams, prediction_error, threshold
 
-NOISE_MODELS = ("exact", "over", "under", "lognormal", "prev-max")
+NOISE_MODELS = options.NOISE_MODELS
 
 
 def accept_ratio(x: np.ndarray, cm: np.ndarray, phi: np.ndarray) -> np.ndarray:
@@ -24,23 +25,31 @@ def accept_ratio(x: np.ndarray, cm: np.ndarray, phi: np.ndarray) -> np.ndarray:
     return alg / cm[:, -1], alg
 
 
+def _prev_max(level, pstar, rng, prev_max):
+    if prev_max is None:
+        raise BadInputError("noise model prev-max needs consecutive windows", param="noise")
+    return prev_max
+
+
+# prediction y of the window maximum p* for a target error E = `level` (the paper's E(y, p*) = min(y/p*, p*/y))
+_PREDICTORS = {
+    "exact": lambda level, pstar, rng, prev: pstar.copy(),                   # E = 1
+    "over": lambda level, pstar, rng, prev: pstar / level,                   # y = p*/E
+    "under": lambda level, pstar, rng, prev: pstar * level,                  # y = p* E
+    "lognormal": lambda level, pstar, rng, prev: pstar * np.exp(-np.log(level) * rng.standard_normal(pstar.shape)),
+    "prev-max": _prev_max,                                                   # the previous window's maximum
+}
+assert tuple(_PREDICTORS) == options.NOISE_MODELS
+
+
 def predictions(noise: str, level: float, pstar: np.ndarray, rng: np.random.Generator,
                 prev_max: np.ndarray | None = None) -> np.ndarray:
-    """Predictions y of the maximum for one noise model; `level` is the target error E in (0, 1]."""
-    if noise == "exact":
-        return pstar.copy()
-    if noise == "over":
-        return pstar / level
-    if noise == "under":
-        return pstar * level
-    if noise == "lognormal":
-        sigma = -np.log(level)
-        return pstar * np.exp(sigma * rng.standard_normal(pstar.shape))
-    if noise == "prev-max":
-        if prev_max is None:
-            raise BadInputError("noise model prev-max needs consecutive windows")
-        return prev_max
-    raise BadInputError(f"unknown noise model {noise!r}; choose from {', '.join(NOISE_MODELS)}")
+    """Predictions y of the maximum for one noise model; `level` is the target error E in (0, 1]
+    (lognormal: y = p* exp(sigma Z) with sigma = -ln E)."""
+    fn = _PREDICTORS.get(noise)
+    if fn is None:
+        raise BadInputError(f"unknown noise model {noise!r}; choose from {', '.join(NOISE_MODELS)}", param="noise")
+    return fn(level, pstar, rng, prev_max)
 
 
 def simulate_windows(windows_fn, n_windows: int, m, M, params: RuleParams, algorithms, noise_levels,

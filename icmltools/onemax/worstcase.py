@@ -16,7 +16,8 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
-from .rules import ALGORITHMS, RuleParams, breakpoints, s_star, threshold
+from .options import ALGORITHMS, WORST_CASE_POINTS
+from .rules import RuleParams, breakpoints, s_star, threshold
 
 _TOL = 1e-9  # relative slack so float noise cannot flip the (in)equalities that split the pieces
 
@@ -75,7 +76,8 @@ def _piece_inf(phi, lo: float, hi: float, e: float, theta: float) -> float:
 
 
 def profile(name: str, theta: float, params: RuleParams, errors) -> np.ndarray:
-    """Exact g(e) = inf { W(p*, y) : E(y, p*) >= e } for each e in `errors` (ALG/OPT, higher is better)."""
+    """Exact g(e) = inf { W(p*, y) : E(y, p*) >= e } for each e in `errors` (ALG/OPT, higher is better): the
+    paper's worst-case ratio as a function of the prediction error, computed piece by piece."""
     pts = breakpoints(name, theta, params)
     out = np.empty(len(errors))
     for k, e in enumerate(np.asarray(errors, dtype=float)):
@@ -103,13 +105,14 @@ def robustness_consistency(name: str, theta: float, params: RuleParams) -> tuple
 
 
 def smoothness_bound(r: float, c: float, theta: float, errors) -> np.ndarray:
-    """The lower bound max(r, c * E^{s*}) that no Pareto-optimal rule can beat (s* = ln theta/ln(1/c) - 2)."""
+    """The paper's lower bound max(r, c * E^{s*}) that no Pareto-optimal rule can beat (s* = ln theta/ln(1/c) - 2)."""
     e = np.asarray(errors, dtype=float)
     return np.maximum(r, c * e ** s_star(c, theta))
 
 
 def pareto_front(theta: float, n: int = 11) -> list[dict]:
-    """Points of the Pareto front c * r = 1/theta for r in [1/theta, theta^-1/2]."""
+    """Points of the Pareto front c * r = 1/theta for r in [1/theta, theta^-1/2] (the paper's
+    consistency-robustness trade-off; OPT/ALG form C = theta / R)."""
     rs = np.exp(np.linspace(np.log(1 / theta), np.log(theta ** -0.5), n))
     return [{"robustness": float(r), "consistency": float(1 / (r * theta)),
              "robustness_opt_over_alg": float(1 / r), "consistency_opt_over_alg": float(r * theta)} for r in rs]
@@ -131,13 +134,18 @@ def brittleness_witness(name: str, theta: float, params: RuleParams, rel_error: 
             "error_E": float(1 / (1 + rel_error))}
 
 
+def default_errors() -> np.ndarray:
+    """The worst-case mode's error grid E = 0, 0.05, ..., 1 (`options.WORST_CASE_POINTS` points)."""
+    return np.round(np.linspace(0.0, 1.0, WORST_CASE_POINTS), 6)
+
+
 def worst_case_report(theta: float, params: RuleParams, algorithms=ALGORITHMS, errors=None) -> dict:
     """Everything worst-case mode prints: per algorithm r, c, profile g(e), smoothness gap, brittleness."""
     if errors is None:
-        errors = np.round(np.linspace(0.0, 1.0, 21), 6)
+        errors = default_errors()
     errors = np.asarray(errors, dtype=float)
     if np.any(~np.isfinite(errors)) or np.any(errors < 0) or np.any(errors > 1):
-        raise BadInputError("--errors values are E = min(y/p*, p*/y) and must lie in [0, 1]")
+        raise BadInputError("values are E = min(y/p*, p*/y) and must lie in [0, 1]", param="errors")
     r_target = float(params.r(theta))
     c_target = 1.0 / (r_target * theta)
     bound = smoothness_bound(r_target, c_target, theta, errors)
