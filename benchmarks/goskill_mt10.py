@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from icmltools.goskill import options
+
 VARIANTS = {"mlp": {"decoder": "mlp"}, "h5": {"H": 5}, "task": {"conditioning": "task"}}
 
 
@@ -35,7 +37,7 @@ def _one_seed(job):
     import torch
 
     torch.set_num_threads(1)
-    from icmltools.goskill.pipeline import start
+    from icmltools.goskill.api import start
     from icmltools.goskill.tasks import quiet
 
     ov = json.loads(args.overrides)
@@ -90,9 +92,10 @@ def oracle(run_dir: str, tasks: list[str], episodes: int, key: str = "skill_enha
     import torch
 
     torch.set_num_threads(1)
+    from icmltools.core.seed import derive
     from icmltools.goskill import train as TR
     from icmltools.goskill.evaluate import GoSkillAgent
-    from icmltools.goskill.pipeline import Run, _prompts
+    from icmltools.goskill.pipeline import Run, eval_prompts
     from icmltools.goskill.tasks import MetaWorldBackend, quiet
 
     run = Run.open(run_dir)
@@ -100,7 +103,7 @@ def oracle(run_dir: str, tasks: list[str], episodes: int, key: str = "skill_enha
     skill = run.load(key, run.new_skill(), "cpu", "enhance").eval()
     hl = run.load("high_level", run.new_high_level(), "cpu", "policy").eval()
     codes = TR.relabel(skill, fd, cfg.H, "cpu")
-    prompts = _prompts(run, skill, codes)
+    prompts = eval_prompts(run, codes)
     b, H = MetaWorldBackend(), cfg.H
     out = {}
     with quiet(), torch.no_grad():
@@ -111,7 +114,7 @@ def oracle(run_dir: str, tasks: list[str], episodes: int, key: str = "skill_enha
             for mode in ("oracle", "high_level"):
                 succ = []
                 for ep in range(episodes):
-                    env = b.make(task, 10_000 + ep)
+                    env = b.make(task, derive(run.seed, "oracle", task, ep).int(31))
                     obs = b.reset(env)
                     agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, fd.task_max_return(), prompts, "cpu",
                                          fd.actions.shape[1])
@@ -148,7 +151,7 @@ def _ms(x):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="quick", choices=["quick", "cpu", "gpu"])
+    ap.add_argument("--preset", default=options.DEFAULT_PRESET, choices=options.PRESET_NAMES)
     ap.add_argument("--tasks", default="mt10")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (one thread each)")
@@ -194,7 +197,7 @@ def main():
         for k, v in r["base"]["phase_s"].items():
             phases.setdefault(k, []).append(v)
     g, b, rtg = (methods[m]["success"]["mean"] for m in ("goskill", "mtbc", "mtbc_rtg"))
-    cfg = json.loads((Path(runs[0]["base"]["run_dir"]) / "config.json").read_text())["config"]
+    cfg = json.loads((Path(runs[0]["base"]["run_dir"]) / "pipeline.json").read_text())["config"]
     doc = {
         "benchmark": "goskill_mt10", "preset": args.preset, "overrides": json.loads(args.overrides),
         "tasks": runs[0]["base"]["tasks"], "seeds": seeds,

@@ -8,6 +8,7 @@ import torch
 
 from icmltools.goskill import data as D
 from icmltools.goskill.config import make_config
+from icmltools.goskill.options import STAGES
 from icmltools.goskill.vq import VectorQuantizer
 
 torch.set_num_threads(1)
@@ -191,7 +192,7 @@ def _toy_run(tmp_path, **kw):
 def test_relabel_shapes_and_hierarchical_rollout_on_toy_env(tmp_path):
     from icmltools.goskill import train as TR
     from icmltools.goskill.evaluate import GoSkillAgent, evaluate
-    from icmltools.goskill.pipeline import _prompts, run_pipeline
+    from icmltools.goskill.pipeline import eval_prompts, run_pipeline
     from icmltools.goskill.tasks import ToyBackend
 
     run = _toy_run(tmp_path)
@@ -204,7 +205,7 @@ def test_relabel_shapes_and_hierarchical_rollout_on_toy_env(tmp_path):
     codes = TR.relabel(skill, fd, cfg.H, "cpu")
     assert codes.shape == (fd.n,) and codes.dtype == np.int64 and codes.max() < cfg.n_codes
     hl = run.new_high_level()
-    agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, fd.task_max_return(), _prompts(run, skill, codes, np.random.default_rng(0)),
+    agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, fd.task_max_return(), eval_prompts(run, codes),
                          "cpu", fd.actions.shape[1])
     calls = []
     orig = agent.act
@@ -387,3 +388,138 @@ def test_collected_door_episodes_replay_to_the_experts_success(tmp_path, task):
             succ.append(s)
         assert np.array_equal(np.asarray(succ, np.float32), ep["successes"])
     assert max(succ)        # the last episode is the expert's (quality 1)
+
+
+# --------------------------------------------------------------------------------------------- issue 11
+
+
+def test_options_module_imports_no_heavy_module():
+    import subprocess
+    import sys
+
+    code = ("import sys, icmltools.goskill, icmltools.goskill.options as o, icmltools.commands.goskill\n"
+            "assert o.STAGES[0] == 'collect' and o.REFERENCE['arxiv'] == '2507.06628'\n"
+            "print(','.join(m for m in ('numpy', 'torch', 'gymnasium', 'metaworld') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def _tensors(path):
+    from icmltools.core.checkpoint import load_safetensors
+
+    return load_safetensors(path)
+
+
+def _same_checkpoint(a, b):
+    ta, tb = _tensors(a), _tensors(b)
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+def test_a_stage_alone_gives_the_numbers_it_gives_inside_the_pipeline(tmp_path):
+    """Every stage draws from derive(seed, "<stage>", ...): run alone (in another folder on the same data, in
+    another order, after other torch work) it gives bitwise the checkpoints and scores of the full chain."""
+    from icmltools.goskill.collect import collect
+    from icmltools.goskill.pipeline import Run, run_pipeline
+
+    full = _toy_run(tmp_path)
+    res = run_pipeline(full, list(STAGES), "cpu", methods=("goskill", "mtbc", "mtbc_rtg"))
+    alone = Run.create(tmp_path / "alone", full.cfg, seed=0, data_dir=full.root / "data")
+    torch.rand(7)                                                  # global torch state must not matter
+    run_pipeline(alone, ["baselines"], "cpu", methods=("mtbc_rtg",))
+    assert _same_checkpoint(alone.path("mtbc_rtg"), full.path("mtbc_rtg"))
+    run_pipeline(alone, ["extract"], "cpu")
+    assert _same_checkpoint(alone.path("skill"), full.path("skill"))
+    run_pipeline(alone, ["policy"], "cpu")                        # before enhance this time
+    assert _same_checkpoint(alone.path("high_level"), full.path("high_level"))
+    run_pipeline(alone, ["enhance"], "cpu")
+    assert _same_checkpoint(alone.path("skill_enhanced"), full.path("skill_enhanced"))
+    ev = run_pipeline(alone, ["evaluate"], "cpu", methods=("goskill",))["methods"][0]
+    assert ev["per_task"] == res["methods"][0]["per_task"]
+    # collection is keyed by task name: one task alone gives the data it gets among all four
+    collect(["toy-c"], tmp_path / "one", episodes=6, max_steps=20, seed=0)
+    _, e1 = D.load_dataset_dir(tmp_path / "one")
+    _, e4 = D.load_dataset_dir(full.root / "data", ["toy-c"])
+    assert all(np.array_equal(a["actions"], b["actions"]) for a, b in zip(e1[0], e4[0]))
+
+
+def test_resume_reads_pipeline_json_or_an_old_config_json(run_cli, tmp_path):
+    """The command owns config.json/result.json; the pipeline's resume state is pipeline.json. A run folder
+    from before pipeline.json (state in config.json) still resumes, and gets a pipeline.json."""
+    out = tmp_path / "r"
+    run_cli(["goskill", "-q", "--tasks", TOY, "--out", str(out), "--stages", "collect", *TINY])
+    state = json.loads((out / "pipeline.json").read_text())
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["command"] == "goskill" and cfg["config"] == state["config"] and state["tasks"] == TOY.split(",")
+    assert not (out / "result.json").exists() or json.loads((out / "result.json").read_text())["stages_run"]
+    # an old folder: the state in config.json, no pipeline.json
+    (out / "pipeline.json").unlink()
+    (out / "config.json").write_text(json.dumps({"config": state["config"], "seed": 0, "data_dir": None,
+                                                 "tasks": state["tasks"]}))
+    res, doc = run_cli(["goskill", "-q", "--run-dir", str(out), "--stages", "extract,baselines", "--methods", "mtbc"])
+    assert doc["result"]["stages_run"] == ["extract", "baselines"] and doc["seed"] == 0
+    assert json.loads((out / "pipeline.json").read_text())["config"] == state["config"]
+    assert json.loads((out / "result.json").read_text())["stages_done"] == ["collect", "extract", "baselines"]
+    assert doc["artifacts"]["config"].endswith("config.json") and doc["reference"]["arxiv"] == "2507.06628"
+
+
+def test_task_names_in_any_case(run_cli, tmp_path):
+    from icmltools.goskill.tasks import MT10, resolve_tasks
+
+    assert resolve_tasks("MT10") == MT10 and len(resolve_tasks("mt50")) == 50
+    assert resolve_tasks("Reach-V3, PUSH-v3") == ["reach-v3", "push-v3"]
+    assert resolve_tasks("TOY-A,toy-B") == ["toy-a", "toy-b"]
+    res, doc = run_cli(["goskill", "-q", "--tasks", "Toy-A,TOY-B", "--methods", "mtbc", "--out", str(tmp_path / "r"),
+                        *TINY])
+    assert doc["result"]["tasks"] == ["toy-a", "toy-b"]
+
+
+def test_usage_conflicts_and_library_messages_name_parameters(run_cli, tmp_path):
+    from icmltools.core.errors import BadInputError
+    from icmltools.goskill import api
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    for args in (["--run-dir", str(run_dir), "--out", str(tmp_path / "x")],
+                 ["--run-dir", str(run_dir), "--preset", "cpu"],
+                 ["--run-dir", str(run_dir), "--seed", "3"],
+                 ["--data", str(run_dir), "--stages", "collect,extract"],
+                 ["--stages", "extract"]):
+        res, _ = run_cli(["goskill", "-q", *args], expect_code=2)
+        assert _err(res).startswith("Error: --") or "without --data" in _err(res), _err(res)
+    for kw, param in ((dict(stages="extract,fly"), "stages"), (dict(methods="mtbc,bc"), "methods"),
+                      (dict(overrides={"decoder": "rnn"}), "decoder"), (dict(overrides={"H": 0}), "H"),
+                      (dict(stages="extract"), "stages"), (dict(run_dir=run_dir), "run_dir")):
+        with pytest.raises(BadInputError) as e:
+            api.plan(**kw)
+        assert e.value.param == param and "--" not in e.value.message, (kw, e.value.message)
+
+
+def test_help_names_the_default_preset(run_cli):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    out = CliRunner().invoke(cli, ["goskill", "--help"]).output
+    assert "quick (the default" in out and "the quick preset (the default)" in " ".join(out.split())
+
+
+def test_quiet_means_quiet_metaworld_and_mujoco(run_cli, tmp_path, monkeypatch, capfd):
+    """`-q`: nothing on stderr from a MetaWorld run (parallel collection included); MuJoCo's own warnings go to
+    the log instead of stdout and ./MUJOCO_LOG.TXT."""
+    import mujoco
+
+    from icmltools.goskill.tasks import quiet
+
+    monkeypatch.chdir(tmp_path)
+    m = mujoco.MjModel.from_xml_string("<mujoco><worldbody><body><freejoint/><geom size='1'/></body></worldbody>"
+                                       "</mujoco>")
+    d = mujoco.MjData(m)
+    d.qvel[:] = 1e30
+    with quiet():
+        mujoco.mj_step(m, d)
+    assert "WARNING" not in capfd.readouterr().out and not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    res, doc = run_cli(["goskill", "-q", "--tasks", "reach-v3,door-open-v3", "--workers", "2", "--out",
+                        str(tmp_path / "r"), *TINY])
+    assert res.stderr == "" and doc["result"]["tasks"] == ["reach-v3", "door-open-v3"]
+    assert capfd.readouterr().err == ""       # file-descriptor level too (C libraries, forked workers)

@@ -9,6 +9,15 @@ from .blocks import CausalTransformer
 from .vq import VectorQuantizer
 
 
+def mlp_tanh(d_in: int, hidden: int, n_layers: int, d_out: int) -> nn.Sequential:
+    """[Linear -> ReLU] x n_layers -> Linear(hidden, d_out) -> Tanh (actions live in [-1, 1])."""
+    dims = [d_in] + [hidden] * n_layers
+    layers = []
+    for i in range(n_layers):
+        layers += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(hidden, d_out), nn.Tanh())
+
+
 class GoalEncoder(nn.Module):
     """Linear(ds->h) -> LayerNorm -> [Linear(h->h) -> ReLU] x (n_layers-1) -> Linear(h->vq) -> Tanh."""
 
@@ -57,11 +66,7 @@ class MLPSkillDecoder(nn.Module):
     def __init__(self, ds, da, vq, hidden, H, n_layers=3):
         super().__init__()
         self.H = H
-        dims = [vq + vq + ds + H] + [hidden] * n_layers
-        layers = []
-        for i in range(n_layers):
-            layers += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU()]
-        self.net = nn.Sequential(*layers, nn.Linear(hidden, da), nn.Tanh())
+        self.net = mlp_tanh(vq + vq + ds + H, hidden, n_layers, da)
 
     def forward(self, code_vec, enc, states, actions):
         B, H = states.shape[:2]
@@ -156,11 +161,7 @@ class BCPolicy(nn.Module):
     def __init__(self, ds, da, n_tasks, hidden=256, n_layers=3, rtg: bool = False):
         super().__init__()
         self.n_tasks, self.rtg = n_tasks, rtg
-        dims = [ds + n_tasks + (1 if rtg else 0)] + [hidden] * n_layers
-        layers = []
-        for i in range(n_layers):
-            layers += [nn.Linear(dims[i], dims[i + 1]), nn.ReLU()]
-        self.net = nn.Sequential(*layers, nn.Linear(hidden, da), nn.Tanh())
+        self.net = mlp_tanh(ds + n_tasks + (1 if rtg else 0), hidden, n_layers, da)
 
     def forward(self, s, task, rtg=None):
         x = [s, F.one_hot(task, self.n_tasks).to(s.dtype)]

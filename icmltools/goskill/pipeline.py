@@ -1,13 +1,15 @@
-"""The run directory and the stages: collect -> extract -> enhance -> policy -> baselines -> evaluate.
+"""The run folder and the stages: collect -> extract -> enhance -> policy -> baselines -> evaluate.
 
-Layout of a run directory:
-    config.json                 configuration (preset + overrides), seed, where the data lives
-    data/<task>/<i>.npz         collected episodes (absent when --data points at a user dataset)
+Layout of a run folder (the command writes config.json and result.json; everything else is written here):
+    pipeline.json               resume state: configuration (preset + overrides), seed, where the data lives
+    data/<task>/<i>.npz         collected episodes (absent when the run reads a user dataset)
     dataset.json                collection summary
     checkpoints/*.safetensors   skill.safetensors (phase 1), skill_enhanced, high_level, mtbc, mtbc_rtg
     stages.json                 per-stage statistics (losses, code usage, times)
-    result.json                 the evaluation summary (also printed by the CLI)
-Each stage reads what it needs from the folder, so stages can run one by one or chained.
+    evaluation.json             per-method evaluation, per task
+Each stage reads what it needs from the folder, so stages can run one by one or chained. Every stage draws
+its randomness from `derive(seed, "<stage>", ...)` (module weights included), so a stage run alone gives
+the numbers it gives inside the chain.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 from icmltools.core.checkpoint import load_safetensors, save_safetensors
 from icmltools.core.errors import BadInputError
 from icmltools.core.jsonio import atomic_write_json
+from icmltools.core.seed import derive
 
 from . import data as D
 from . import train as TR
@@ -29,18 +32,40 @@ from .collect import collect
 from .config import GoSkillConfig, config_from_dict
 from .evaluate import BCAgent, GoSkillAgent, build_envs, evaluate
 from .models import BCPolicy, HighLevelPolicy, SkillModel
-from .tasks import MetaWorldBackend, ToyBackend, ToyEnv, all_task_names, resolve_tasks
+from .options import BASELINES, DEFAULT_METHODS, METHODS, STAGES
+from .tasks import backend_for, resolve_tasks
 
 log = logging.getLogger(__name__)
 
-STAGES = ("collect", "extract", "enhance", "policy", "baselines", "evaluate")
-METHODS = ("goskill", "goskill_noenh", "mtbc", "mtbc_rtg")
+STATE = "pipeline.json"
+LEGACY_STATE = "config.json"   # run folders written before pipeline.json kept their state here
 CKPT = {"skill": "skill.safetensors", "skill_enhanced": "skill_enhanced.safetensors",
         "high_level": "high_level.safetensors", "mtbc": "mtbc.safetensors", "mtbc_rtg": "mtbc_rtg.safetensors"}
 
 
+def read_state(root: Path) -> dict:
+    """The resume state of a run folder: pipeline.json, or config.json in folders from before pipeline.json."""
+    root = Path(root)
+    if not root.is_dir():
+        raise BadInputError(f"{root}: not a directory", param="run_dir")
+    for name in (STATE, LEGACY_STATE):
+        p = root / name
+        if not p.exists():
+            continue
+        try:
+            doc = json.loads(p.read_text())
+            cfg = dict(doc["config"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadInputError(f"{p}: unreadable goskill state ({e})", param="run_dir") from None
+        return {"config": cfg, "seed": int(doc.get("seed") or 0), "data_dir": doc.get("data_dir"),
+                "tasks": doc.get("tasks"), "path": str(p)}
+    what = "empty" if not any(root.iterdir()) else "not a goskill run folder"
+    raise BadInputError(f"{root}: no {STATE} ({what})", param="run_dir",
+                        hint="start a new run first (it makes the folder), then resume it")
+
+
 class Run:
-    """A run directory plus its configuration, lazily loaded data and checkpoints."""
+    """A run folder plus its configuration, lazily loaded data and checkpoints."""
 
     def __init__(self, root: Path, cfg: GoSkillConfig, seed: int, data_dir: str | None, tasks: list[str] | None):
         self.root, self.cfg, self.seed = Path(root), cfg, int(seed)
@@ -48,37 +73,25 @@ class Run:
         self.tasks = tasks
         self._fd = None
 
-    # ---- configuration
+    # ---- state
     @classmethod
     def create(cls, root, cfg, seed, data_dir=None, tasks=None) -> "Run":
         run = cls(root, cfg, seed, str(Path(data_dir).resolve()) if data_dir else None, tasks)
-        run.save_config()
+        run.save_state()
         return run
 
     @classmethod
     def open(cls, root, overrides: dict | None = None) -> "Run":
-        root = Path(root)
-        p = root / "config.json"
-        if not root.is_dir():
-            raise BadInputError(f"--run-dir {root}: not a directory")
-        if not p.exists():
-            what = "empty" if not any(root.iterdir()) else "not a goskill run directory"
-            raise BadInputError(f"--run-dir {root}: no config.json ({what})",
-                                hint="start a run with `icml goskill --out DIR` first")
-        try:
-            doc = json.loads(p.read_text())
-            cfg_d = dict(doc["config"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadInputError(f"{p}: unreadable goskill config ({e})") from None
-        cfg_d.update({k: v for k, v in (overrides or {}).items() if v is not None})
-        run = cls(root, config_from_dict(cfg_d, str(p)), doc.get("seed", 0), doc.get("data_dir"), doc.get("tasks"))
-        if overrides:
-            run.save_config()
+        st = read_state(root)
+        cfg_d = {**st["config"], **{k: v for k, v in (overrides or {}).items() if v is not None}}
+        run = cls(root, config_from_dict(cfg_d, st["path"]), st["seed"], st["data_dir"], st["tasks"])
+        if overrides or st["path"].endswith(LEGACY_STATE):
+            run.save_state()
         return run
 
-    def save_config(self):
-        atomic_write_json(self.root / "config.json", {"config": self.cfg.to_dict(), "seed": self.seed,
-                                                      "data_dir": self.data_dir, "tasks": self.tasks})
+    def save_state(self):
+        atomic_write_json(self.root / STATE, {"config": self.cfg.to_dict(), "seed": self.seed,
+                                              "data_dir": self.data_dir, "tasks": self.tasks})
 
     def path(self, key: str) -> Path:
         return self.root / "checkpoints" / CKPT[key]
@@ -100,8 +113,8 @@ class Run:
     def flat(self) -> D.FlatData:
         if self._fd is None:
             if not self.data_path.is_dir():
-                raise BadInputError(f"{self.data_path}: no dataset in this run directory",
-                                    hint="run the collect stage first (or pass --data)")
+                raise BadInputError(f"{self.data_path}: no dataset in this run folder",
+                                    hint="run the collect stage first (or give a dataset)")
             tasks, eps = D.load_dataset_dir(self.data_path, self.tasks)
             self.tasks = tasks
             eps = D.split_episodes(eps, self.cfg.split)
@@ -111,35 +124,31 @@ class Run:
         return self._fd
 
     def backend(self):
-        tasks = self.flat().tasks
-        if all(t in ToyEnv.GOALS for t in tasks):
-            return ToyBackend()
-        known = set(all_task_names())
-        bad = [t for t in tasks if t not in known]
-        if bad:
-            raise BadInputError(f"task {bad[0]!r} of the dataset is not a MetaWorld v3 task; it cannot be evaluated",
-                                hint="run the training stages only (--stages extract,enhance,policy,baselines)")
-        b = MetaWorldBackend()
-        if self.flat().obs.shape[1] != b.obs_dim:
-            raise BadInputError(f"dataset observations have {self.flat().obs.shape[1]} dims; MetaWorld has {b.obs_dim}")
-        return b
+        fd = self.flat()
+        return backend_for(fd.tasks, obs_dim=fd.obs.shape[1])
 
-    # ---- models
+    # ---- models: weights drawn from derive(seed, stage, ..., "init"), the caller's torch state untouched
+    def _build(self, factory, *keys):
+        with derive(self.seed, *keys, "init").torch_init():
+            return factory()
+
     def dims(self):
         fd = self.flat()
         return fd.obs.shape[1], fd.actions.shape[1], len(fd.tasks)
 
-    def new_skill(self) -> SkillModel:
+    def new_skill(self, stage: str = "extract") -> SkillModel:
         ds, da, _ = self.dims()
-        return SkillModel(ds, da, self.cfg)
+        return self._build(lambda: SkillModel(ds, da, self.cfg), stage)
 
-    def new_high_level(self) -> HighLevelPolicy:
+    def new_high_level(self, stage: str = "policy") -> HighLevelPolicy:
         ds, _, nt = self.dims()
-        return HighLevelPolicy(ds, self.cfg.vq_dim, self.cfg.n_codes, self.cfg, nt, self.cfg.max_ep_len)
+        cfg = self.cfg
+        return self._build(lambda: HighLevelPolicy(ds, cfg.vq_dim, cfg.n_codes, cfg, nt, cfg.max_ep_len), stage)
 
-    def new_bc(self, rtg: bool) -> BCPolicy:
+    def new_bc(self, rtg: bool, stage: str = "baselines") -> BCPolicy:
         ds, da, nt = self.dims()
-        return BCPolicy(ds, da, nt, self.cfg.bc_hidden, rtg=rtg)
+        return self._build(lambda: BCPolicy(ds, da, nt, self.cfg.bc_hidden, rtg=rtg), stage,
+                           "mtbc_rtg" if rtg else "mtbc")
 
     def load(self, key: str, model: torch.nn.Module, device, stage_hint: str) -> torch.nn.Module:
         p = self.path(key)
@@ -157,62 +166,53 @@ class Run:
         save_safetensors({k: v.detach().cpu() for k, v in model.state_dict().items()}, self.path(key))
 
 
-def task_names(spec: str) -> list[str]:
-    """MetaWorld task names (validated), or the toy tasks toy-a..toy-d of the pure-numpy test env."""
-    names = [t.strip() for t in spec.split(",") if t.strip()]
-    if names and all(t in ToyEnv.GOALS for t in names):
-        return names
-    return resolve_tasks(spec)
-
-
-def _rng(seed: int, stage: str) -> np.random.Generator:
-    return np.random.default_rng([seed, STAGES.index(stage) + 1])
-
-
-def _torch_seed(seed: int, stage: str) -> torch.Generator:
-    s = seed * 100 + STAGES.index(stage) + 1
-    torch.manual_seed(s)
-    return torch.Generator().manual_seed(s)
-
-
 # --------------------------------------------------------------------------------------------- stages
 
 
 def stage_collect(run: Run, progress=None) -> dict:
+    """Scripted experts behind the quality ramp (collect.py), into <root>/data."""
     if run.data_dir:
-        raise BadInputError("this run reads a user dataset (--data); nothing to collect")
+        raise BadInputError("this run reads a user dataset; nothing to collect", param="stages")
     cfg = run.cfg
-    tasks = task_names(cfg.tasks)
-    out = run.root / "data"
-    summary = collect(tasks, out, episodes=cfg.episodes, max_steps=cfg.max_steps, seed=run.seed,
+    tasks = resolve_tasks(cfg.tasks)
+    summary = collect(tasks, run.root / "data", episodes=cfg.episodes, max_steps=cfg.max_steps, seed=run.seed,
                       workers=cfg.workers, progress=progress)
     run.tasks = tasks
-    run.save_config()
+    run.save_state()
     atomic_write_json(run.root / "dataset.json", summary)
     run._fd = None
     return summary
 
 
+def _code_stats(codes: np.ndarray, n_codes: int) -> dict:
+    counts = np.bincount(codes, minlength=n_codes)
+    return {"code_usage": counts.tolist(), "codes_used": int((counts > 0).sum())}
+
+
 def stage_extract(run: Run, device, progress=None) -> dict:
+    """Phase 1: goal encoder + VQ codebook + skill decoder (Sec. 4.1) -> checkpoints/skill."""
     fd, cfg = run.flat(), run.cfg
-    gen = _torch_seed(run.seed, "extract")
-    model = run.new_skill()
-    stats = TR.extract_skills(model, fd, cfg, _rng(run.seed, "extract"), device, progress, generator=gen)
+    model = run.new_skill("extract")
+    stats = TR.extract_skills(model, fd, cfg, run.seed, device, progress)
     codes = TR.relabel(model, fd, cfg.H, device)
-    stats["code_usage"] = np.bincount(codes, minlength=cfg.n_codes).tolist()
-    stats["codes_used"] = int((np.bincount(codes, minlength=cfg.n_codes) > 0).sum())
+    stats.update(_code_stats(codes, cfg.n_codes))
     stats["action_mse"] = TR.action_mse(model, fd, codes, cfg.H, device, seed=run.seed)["mse"]
     run.save("skill", model)
     return stats
 
 
+def _phase1_skill(run: Run, device, stage: str):
+    """The phase-1 skill model and every timestep's code (codes depend on the encoder and codebook only)."""
+    model = run.load("skill", run.new_skill(stage), device, "extract")
+    return model, TR.relabel(model, run.flat(), run.cfg.H, device)
+
+
 def stage_enhance(run: Run, device, progress=None) -> dict:
+    """Skill enhancement: decoder-only, class-balanced (Sec. 4.2) -> checkpoints/skill_enhanced."""
     fd, cfg = run.flat(), run.cfg
-    _torch_seed(run.seed, "enhance")
-    model = run.load("skill", run.new_skill(), device, "extract")
-    codes = TR.relabel(model, fd, cfg.H, device)
+    model, codes = _phase1_skill(run, device, "enhance")
     before = TR.action_mse(model, fd, codes, cfg.H, device, seed=run.seed)
-    stats = TR.enhance(model, fd, codes, cfg, _rng(run.seed, "enhance"), device, progress)
+    stats = TR.enhance(model, fd, codes, cfg, run.seed, device, progress)
     after = TR.action_mse(model, fd, codes, cfg.H, device, seed=run.seed)
     stats.update({"action_mse_before": before["mse"], "action_mse_after": after["mse"],
                   "per_code_mse_before": before["per_code"], "per_code_mse_after": after["per_code"]})
@@ -221,31 +221,25 @@ def stage_enhance(run: Run, device, progress=None) -> dict:
 
 
 def stage_policy(run: Run, device, progress=None) -> dict:
-    fd, cfg = run.flat(), run.cfg
-    _torch_seed(run.seed, "policy")
-    model = run.load("skill", run.new_skill(), device, "extract")  # codes depend on encoder + codebook only
-    codes = TR.relabel(model, fd, cfg.H, device)
-    hl = run.new_high_level()
-    stats = TR.train_high_level(hl, model, fd, codes, cfg, _rng(run.seed, "policy"), device, progress)
+    """High-level Prompt-DT over skill steps (Sec. 4.3) -> checkpoints/high_level."""
+    model, codes = _phase1_skill(run, device, "policy")
+    hl = run.new_high_level("policy")
+    stats = TR.train_high_level(hl, model, run.flat(), codes, run.cfg, run.seed, device, progress)
     run.save("high_level", hl)
     return stats
 
 
-def stage_baselines(run: Run, device, progress=None, methods=("mtbc", "mtbc_rtg")) -> dict:
-    fd, cfg = run.flat(), run.cfg
+def stage_baselines(run: Run, device, progress=None, methods=BASELINES) -> dict:
+    """MT-BC and MT-BC-RTG on the same data -> checkpoints/mtbc, mtbc_rtg."""
     out = {}
-    for name in methods:
-        if name not in ("mtbc", "mtbc_rtg"):
-            continue
-        _torch_seed(run.seed, "baselines")
+    for name in (m for m in methods if m in BASELINES):
         pol = run.new_bc(rtg=name == "mtbc_rtg")
-        rng = np.random.default_rng([run.seed, 50 + (name == "mtbc_rtg")])
-        out[name] = TR.train_bc(pol, fd, cfg, rng, device, progress, name=name)
+        out[name] = TR.train_bc(pol, run.flat(), run.cfg, run.seed, device, progress, name=name)
         run.save(name, pol)
     return out
 
 
-def _prompts(run: Run, skill: SkillModel, codes: np.ndarray, rng=None) -> dict:
+def eval_prompts(run: Run, codes: np.ndarray) -> dict:
     """One trajectory prompt per task: the last `prompt_len` skill steps of the task's highest-return episode
     (official evaluation: `get_all_prompt`, one prompt episode)."""
     fd, cfg = run.flat(), run.cfg
@@ -254,72 +248,69 @@ def _prompts(run: Run, skill: SkillModel, codes: np.ndarray, rng=None) -> dict:
             for tid in range(len(fd.tasks))}
 
 
+def make_agent(run: Run, method: str, device):
+    """The evaluated agent of `method` from the run's checkpoints (models built under the "evaluate" key)."""
+    fd, cfg = run.flat(), run.cfg
+    targets = fd.task_max_return()
+    if method in BASELINES:
+        pol = run.load(method, run.new_bc(rtg=method == "mtbc_rtg", stage="evaluate"), device, "baselines")
+        return BCAgent(pol.eval(), fd.mean, fd.std, targets, cfg.scale, device)
+    enhanced = method == "goskill"
+    skill = run.load("skill_enhanced" if enhanced else "skill", run.new_skill("evaluate"), device,
+                     "enhance" if enhanced else "extract").eval()
+    hl = run.load("high_level", run.new_high_level("evaluate"), device, "policy").eval()
+    prompts = eval_prompts(run, TR.relabel(skill, fd, cfg.H, device))
+    return GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, targets, prompts, device, fd.actions.shape[1])
+
+
 def stage_evaluate(run: Run, device, methods, progress=None, eval_episodes: int | None = None) -> dict:
+    """Every method on the same seeded envs (rewound per method): success at any time and return, per task."""
     fd, cfg = run.flat(), run.cfg
     backend = run.backend()
     episodes = int(eval_episodes or cfg.eval_episodes)
-    targets = fd.task_max_return()
     envs_per_task = max(1, min(cfg.envs_per_task, episodes))
-    envs = build_envs(backend, fd.tasks, envs_per_task, run.seed + 1000)
-    da = fd.actions.shape[1]
+    envs = build_envs(backend, fd.tasks, envs_per_task, run.seed)
     out = {}
     for m in methods:
         t0 = time.perf_counter()
-        if m in ("goskill", "goskill_noenh"):
-            key = "skill_enhanced" if m == "goskill" else "skill"
-            skill = run.load(key, run.new_skill(), device, "enhance" if m == "goskill" else "extract").eval()
-            hl = run.load("high_level", run.new_high_level(), device, "policy").eval()
-            codes = TR.relabel(skill, fd, cfg.H, device)
-            prompts = _prompts(run, skill, codes, np.random.default_rng([run.seed, 77]))
-            agent = GoSkillAgent(hl, skill, cfg, fd.mean, fd.std, targets, prompts, device, da)
-        else:
-            pol = run.load(m, run.new_bc(rtg=m == "mtbc_rtg"), device, "baselines").eval()
-            agent = BCAgent(pol, fd.mean, fd.std, targets, cfg.scale, device)
-        torch.manual_seed(run.seed)
+        agent = make_agent(run, m, device)
         res = evaluate(agent, backend, fd.tasks, episodes, cfg.max_steps, run.seed, envs_per_task, envs=envs,
                        progress=progress, desc=f"eval {m}")
-        res["method"] = m
-        res["eval_s"] = time.perf_counter() - t0
-        out[m] = res
+        out[m] = {**res, "method": m, "eval_s": time.perf_counter() - t0}
     return out
 
 
 # --------------------------------------------------------------------------------------------- chained
 
 
-def run_pipeline(run: Run, stages, device, methods=("goskill", "mtbc", "mtbc_rtg"), progress=None, timer=None,
+def _stage_table(device, methods, progress, eval_episodes) -> dict:
+    return {"collect": lambda run: stage_collect(run, progress),
+            "extract": lambda run: stage_extract(run, device, progress),
+            "enhance": lambda run: stage_enhance(run, device, progress),
+            "policy": lambda run: stage_policy(run, device, progress),
+            "baselines": lambda run: stage_baselines(run, device, progress, methods),
+            "evaluate": lambda run: stage_evaluate(run, device, methods, progress, eval_episodes)}
+
+
+def run_pipeline(run: Run, stages, device, methods=DEFAULT_METHODS, progress=None, timer=None,
                  eval_episodes: int | None = None) -> dict:
-    """Run the requested stages in order; returns the summary (also written to result.json)."""
+    """Run the requested stages in their canonical order; returns the summary of the run folder."""
     stages = [s for s in STAGES if s in set(stages)]
-    for m in methods:
-        if m not in METHODS:
-            raise BadInputError(f"--methods: unknown method {m!r} (use {', '.join(METHODS)})")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise BadInputError(f"unknown method {unknown[0]!r} (use {', '.join(METHODS)})", param="methods")
+    table = _stage_table(device, methods, progress, eval_episodes)
     phase_s = {}
     for st in stages:
         t0 = time.perf_counter()
-        ctx = timer.phase(st) if timer is not None else _Null()
-        with ctx:
-            if st == "collect":
-                stats = stage_collect(run, progress)
-            elif st == "extract":
-                stats = stage_extract(run, device, progress)
-            elif st == "enhance":
-                stats = stage_enhance(run, device, progress)
-            elif st == "policy":
-                stats = stage_policy(run, device, progress)
-            elif st == "baselines":
-                stats = stage_baselines(run, device, progress, [m for m in methods if m.startswith("mtbc")])
-            else:
-                stats = stage_evaluate(run, device, methods, progress, eval_episodes)
+        with (timer.phase(st) if timer is not None else _Null()):
+            stats = table[st](run)
         phase_s[st] = time.perf_counter() - t0
         if st == "evaluate":
             atomic_write_json(run.root / "evaluation.json", [stats[m] for m in methods])
             stats = {m: {k: v for k, v in r.items() if k != "per_task"} for m, r in stats.items()}
         run.record(st, {**stats, "time_s": phase_s[st]})
-    summary = summarize(run, phase_s)
-    if "evaluate" in stages:
-        atomic_write_json(run.root / "result.json", summary)
-    return summary
+    return summarize(run, phase_s)
 
 
 def summarize(run: Run, phase_s: dict | None = None) -> dict:
@@ -348,63 +339,3 @@ class _Null:
 
     def __exit__(self, *a):
         return False
-
-
-# --------------------------------------------------------------------------------------------- entry point
-
-
-def parse_list(value: str | None, allowed, what: str) -> list[str] | None:
-    if value is None:
-        return None
-    items = [v.strip() for v in value.split(",") if v.strip()]
-    if items == ["all"]:
-        return list(allowed)
-    for v in items:
-        if v not in allowed:
-            raise BadInputError(f"--{what}: unknown value {v!r} (use {', '.join(allowed)} or all)")
-    if not items:
-        raise BadInputError(f"--{what}: empty list")
-    return items
-
-
-def start(*, preset: str = "quick", out=None, run_dir=None, data=None, stages: str | None = None,
-          methods: str | None = None, seed: int = 0, device: str = "cpu", overrides: dict | None = None,
-          eval_episodes: int | None = None, progress=None, timer=None) -> dict:
-    """Open (`run_dir`) or create (`out`, default runs/goskill/<stamp>) a run directory and run the stages.
-
-    New runs do every stage by default (without collect when `data` is a user dataset); an existing run
-    directory continues with the stages it has not done yet."""
-    from icmltools.core.runs import make_run_dir
-
-    from .config import make_config
-
-    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
-    stage_list = parse_list(stages, STAGES, "stages")
-    method_list = parse_list(methods, METHODS, "methods") or ["goskill", "mtbc", "mtbc_rtg"]
-    if run_dir is not None:
-        if out is not None or data is not None:
-            raise BadInputError("--run-dir continues a run; do not combine it with --out or --data")
-        run = Run.open(run_dir, overrides)
-        if stage_list is None:
-            done = run.stage_stats()
-            stage_list = [s for s in STAGES if s not in done and not (s == "collect" and run.data_dir)] or ["evaluate"]
-    else:
-        cfg = make_config(preset, **overrides)
-        tasks = None
-        if data is not None:
-            task_filter = None if "tasks" not in overrides else task_names(cfg.tasks)
-            tasks, _ = D.load_dataset_dir(data, task_filter)   # validate before creating anything
-        else:
-            task_names(cfg.tasks)
-        if stage_list is None:
-            stage_list = [s for s in STAGES if not (s == "collect" and data is not None)]
-        if data is not None and "collect" in stage_list:
-            raise BadInputError("--stages collect cannot be combined with --data (the data is given)")
-        if data is None and "collect" not in stage_list:
-            raise BadInputError("a new run without --data must include the collect stage",
-                                hint="or continue an existing run with --run-dir")
-        root = make_run_dir("goskill", out)
-        run = Run.create(root, cfg, seed, data_dir=data, tasks=tasks)
-    summary = run_pipeline(run, stage_list, device, method_list, progress, timer, eval_episodes)
-    summary["stages_run"] = [s for s in STAGES if s in stage_list]
-    return summary

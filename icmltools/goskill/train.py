@@ -4,11 +4,14 @@ Optimiser everywhere: AdamW (lr 3e-4, weight decay 1e-4), linear warm-up, gradie
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from icmltools.core.seed import Stream, as_stream, derive
 
 from . import data as D
 from .models import BCPolicy, HighLevelPolicy, SkillModel
@@ -23,12 +26,34 @@ def _opt(params, cfg, iters):
     return opt, sched
 
 
-def _step(loss, opt, sched, params, clip):
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(params, clip)
-    opt.step()
-    sched.step()
+def _fit(params, cfg, iters: int, batch_loss, name: str, progress=None, every: int = 50) -> list[float]:
+    """`iters` optimiser steps on `batch_loss(it)`: AdamW, linear warm-up, gradient clipping. Returns the losses."""
+    opt, sched = _opt(params, cfg, iters)
+    losses = []
+    for it in range(iters):
+        loss = batch_loss(it)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if progress and (it % every == 0 or it == iters - 1):
+            progress(name, it + 1, iters)
+    return losses
+
+
+def _summary(iters: int, losses: list[float]) -> dict:
+    return {"iters": iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+
+
+@contextlib.contextmanager
+def _dropout_stream(stream: Stream, device):
+    """Dropout draws from torch's global generator (it takes no generator argument): seed it from the stage's
+    stream for the loop and restore the caller's state afterwards."""
+    dev = torch.device(device)
+    with stream.child("dropout").torch_init([dev] if dev.type == "cuda" else []):
+        yield
 
 
 def _t(x, device, dtype=None):
@@ -41,31 +66,29 @@ def _masked_mse(pred, target, mask):
     return (se * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def extract_skills(model: SkillModel, fd: D.FlatData, cfg, rng: np.random.Generator, device, progress=None,
-                   generator: torch.Generator | None = None) -> dict:
-    """Phase 1 (Sec. 4.1): action MSE over the in-skill window + VQ commitment; EMA codebook, k-means init."""
+def extract_skills(model: SkillModel, fd: D.FlatData, cfg, seed, device, progress=None) -> dict:
+    """Phase 1 (Sec. 4.1, Algorithm 1): L = ||pi_L(a | z_q, s) - a||^2 over the in-skill window + beta ||z - sg(e)||^2
+    with z = f(g_t), g_t = s_{t+H} - s_t; EMA codebook, k-means init. Streams: derive(seed, "extract", ...)."""
+    s = as_stream(seed, "extract")
+    rng = s.child("batches").numpy()
     model.to(device).train()
-    model.vq.generator = generator
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt, sched = _opt(params, cfg, cfg.extract_iters)
-    losses = []
-    for it in range(cfg.extract_iters):
+    model.vq.generator = s.child("kmeans").torch()
+
+    def batch_loss(it):
         idx = rng.integers(0, fd.n, size=cfg.extract_batch)
-        s, a, m = D.windows(fd, idx, cfg.H)
-        g = D.goals(fd, idx, cfg.H)
-        s, a, m, g = _t(s, device), _t(a, device), _t(m, device), _t(g, device)
-        pred, _, vq_loss = model(s, g, a)
-        loss = _masked_mse(pred, a, m) + vq_loss
-        _step(loss, opt, sched, params, cfg.grad_clip)
-        losses.append(loss.item())
-        if progress and (it % 50 == 0 or it == cfg.extract_iters - 1):
-            progress("extract", it + 1, cfg.extract_iters)
-    return {"iters": cfg.extract_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+        st, a, m = (_t(x, device) for x in D.windows(fd, idx, cfg.H))
+        pred, _, vq_loss = model(st, _t(D.goals(fd, idx, cfg.H), device), a)
+        return _masked_mse(pred, a, m) + vq_loss
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    with _dropout_stream(s, device):
+        losses = _fit(params, cfg, cfg.extract_iters, batch_loss, "extract", progress)
+    return _summary(cfg.extract_iters, losses)
 
 
 @torch.no_grad()
 def relabel(model: SkillModel, fd: D.FlatData, H: int, device, batch: int = 8192) -> np.ndarray:
-    """Nearest code of g_t for every timestep t (the skill label of the window starting at t)."""
+    """Nearest code of g_t for every timestep t (the skill label of the window starting at t; Sec. 4.2)."""
     model.to(device).eval()
     out = np.empty(fd.n, dtype=np.int64)
     for b in range(0, fd.n, batch):
@@ -76,9 +99,10 @@ def relabel(model: SkillModel, fd: D.FlatData, H: int, device, batch: int = 8192
 
 def action_mse(model: SkillModel, fd: D.FlatData, codes: np.ndarray, H: int, device, n: int = 2048,
                seed: int = 0) -> dict:
-    """Held-out style diagnostic: action MSE of the decoder on random windows, overall and per code."""
+    """Held-out style diagnostic: action MSE of the decoder on random windows (the same windows for a given
+    seed: derive(seed, "action_mse")), overall and per code."""
     model.to(device).eval()
-    rng = np.random.default_rng(seed)
+    rng = derive(seed, "action_mse").numpy()
     idx = rng.integers(0, fd.n, size=min(n, fd.n))
     s, a, m = D.windows(fd, idx, H)
     with torch.no_grad():
@@ -88,36 +112,33 @@ def action_mse(model: SkillModel, fd: D.FlatData, codes: np.ndarray, H: int, dev
     return {"mse": float(se.mean()), "per_code": per}
 
 
-def enhance(model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, rng: np.random.Generator, device,
-            progress=None) -> dict:
-    """Skill enhancement (Sec. 4.2): fine-tune the decoder only, encoder and codebook frozen, on class-balanced
-    batches (the same number of windows for every used code). The official loop takes one such step per
-    high-level step (so `enhance_iters` = `policy_iters` in the presets) with a balanced batch as large as a
-    phase-1 batch (`batch_size * n_tasks // valid_codes` windows per code): `enhance_per_code` = 0 does that."""
+def enhance(model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, seed, device, progress=None) -> dict:
+    """Skill enhancement (Sec. 4.2, Algorithm 1): fine-tune the decoder only, encoder and codebook frozen, on
+    class-balanced batches (the same number of windows for every used code). The official loop takes one such
+    step per high-level step (so `enhance_iters` = `policy_iters` in the presets) with a balanced batch as large
+    as a phase-1 batch (`batch_size * n_tasks // valid_codes` windows per code): `enhance_per_code` = 0 does
+    that. Streams: derive(seed, "enhance", ...)."""
+    s = as_stream(seed, "enhance")
+    rng = s.child("batches").numpy()
     model.to(device).train()
+    per_code = enhance_per_code(cfg, codes)
+
+    def batch_loss(it):
+        idx = D.balanced_indices(codes, per_code, rng)
+        st, a, m = (_t(x, device) for x in D.windows(fd, idx, cfg.H))
+        enc = model.state_changes(st).detach()
+        pred = model.decoder(model.vq.lookup(_t(codes[idx], device)), enc, st, a)
+        return _masked_mse(pred, a, m)
+
     for p in model.encoder.parameters():
         p.requires_grad_(False)
-    params = list(model.decoder.parameters())
-    opt, sched = _opt(params, cfg, cfg.enhance_iters)
-    losses = []
-    per_code = enhance_per_code(cfg, codes)
     try:
-        for it in range(cfg.enhance_iters):
-            idx = D.balanced_indices(codes, per_code, rng)
-            s, a, m = D.windows(fd, idx, cfg.H)
-            s, a, m = _t(s, device), _t(a, device), _t(m, device)
-            enc = model.state_changes(s).detach()
-            q = model.vq.lookup(_t(codes[idx], device))
-            pred = model.decoder(q, enc, s, a)
-            loss = _masked_mse(pred, a, m)
-            _step(loss, opt, sched, params, cfg.grad_clip)
-            losses.append(loss.item())
-            if progress and (it % 50 == 0 or it == cfg.enhance_iters - 1):
-                progress("enhance", it + 1, cfg.enhance_iters)
+        with _dropout_stream(s, device):
+            losses = _fit(list(model.decoder.parameters()), cfg, cfg.enhance_iters, batch_loss, "enhance", progress)
     finally:
         for p in model.encoder.parameters():
             p.requires_grad_(True)
-    return {"iters": cfg.enhance_iters, "per_code": per_code, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+    return {**_summary(cfg.enhance_iters, losses), "per_code": per_code}
 
 
 def enhance_per_code(cfg, codes: np.ndarray) -> int:
@@ -148,58 +169,56 @@ class PromptPool:
         return [np.stack(x) for x in zip(*out)]
 
 
-def train_high_level(hl: HighLevelPolicy, model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg,
-                     rng: np.random.Generator, device, progress=None) -> dict:
-    """Return-conditioned high-level policy (Sec. 4.3): cross-entropy over codes at every skill step; skill
-    steps are H apart starting anywhere (the official `augment` sampling), context `cfg.context`."""
+def train_high_level(hl: HighLevelPolicy, model: SkillModel, fd: D.FlatData, codes: np.ndarray, cfg, seed, device,
+                     progress=None) -> dict:
+    """Return-conditioned high-level policy (Sec. 4.3, Algorithm 2): cross-entropy -log pi_H(z_i | prompt,
+    R_<=i, s_<=i, z_<i) over the codes at every skill step; skill steps are H apart starting anywhere (the
+    official `augment` sampling), context `cfg.context`. Streams: derive(seed, "policy", ...)."""
+    s = as_stream(seed, "policy")
+    rng = s.child("batches").numpy()
     hl.to(device).train()
     model.to(device).eval()
     pool = PromptPool(fd, cfg.prompt_pool)
-    params = list(hl.parameters())
-    opt, sched = _opt(params, cfg, cfg.policy_iters)
-    losses, accs = [], []
-    for it in range(cfg.policy_iters):
+    accs = []
+
+    def batch_loss(it):
         ends = rng.integers(0, fd.n, size=cfg.policy_batch)
-        s, c, r, ts, m = D.skill_sequences(fd, codes, ends, cfg.context, cfg.H, cfg.scale)
+        st, c, r, ts, m = D.skill_sequences(fd, codes, ends, cfg.context, cfg.H, cfg.scale)
         tid = fd.task_id[ends]
-        ct = _t(c, device)
-        zv = model.vq.lookup(ct).detach() * _t(m, device)[..., None]
+        ct, mt = _t(c, device), _t(m, device)
+        zv = model.vq.lookup(ct).detach() * mt[..., None]
         prompt = None
         if cfg.conditioning == "prompt":
             ps, pc, pr, pts, pm = pool.sample(fd, codes, tid, cfg, rng)
             pz = model.vq.lookup(_t(pc, device)).detach() * _t(pm, device)[..., None]
             prompt = (_t(ps, device), pz, _t(pr, device), _t(pts, device), _t(pm, device))
-        mt = _t(m, device)
-        logits = hl(_t(s, device), zv, _t(r, device), _t(ts, device), mt, prompt=prompt, task=_t(tid, device))
+        logits = hl(_t(st, device), zv, _t(r, device), _t(ts, device), mt, prompt=prompt, task=_t(tid, device))
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ct.reshape(-1), reduction="none")
-        loss = (ce * mt.reshape(-1)).sum() / mt.sum()
-        _step(loss, opt, sched, params, cfg.grad_clip)
-        losses.append(loss.item())
         with torch.no_grad():
             accs.append(float(((logits.argmax(-1) == ct).float() * mt).sum() / mt.sum()))
-        if progress and (it % 50 == 0 or it == cfg.policy_iters - 1):
-            progress("policy", it + 1, cfg.policy_iters)
-    return {"iters": cfg.policy_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:]),
-            "code_accuracy_last": _mean(accs[-50:])}
+        return (ce * mt.reshape(-1)).sum() / mt.sum()
+
+    with _dropout_stream(s, device):
+        losses = _fit(list(hl.parameters()), cfg, cfg.policy_iters, batch_loss, "policy", progress)
+    return {**_summary(cfg.policy_iters, losses), "code_accuracy_last": _mean(accs[-50:])}
 
 
-def train_bc(policy: BCPolicy, fd: D.FlatData, cfg, rng: np.random.Generator, device, progress=None,
-             name: str = "mtbc") -> dict:
-    """MT-BC (state + task id) or MT-BC-RTG (also the scaled return-to-go): action MSE."""
+def train_bc(policy: BCPolicy, fd: D.FlatData, cfg, seed, device, progress=None, name: str = "mtbc") -> dict:
+    """MT-BC (state + task id) or MT-BC-RTG (also the scaled return-to-go): action MSE. Streams:
+    derive(seed, "baselines", name, ...)."""
+    s = as_stream(seed, "baselines", name)
+    rng = s.child("batches").numpy()
     policy.to(device).train()
-    params = list(policy.parameters())
-    opt, sched = _opt(params, cfg, cfg.bc_iters)
-    losses = []
-    for it in range(cfg.bc_iters):
+
+    def batch_loss(it):
         idx = rng.integers(0, fd.n, size=cfg.bc_batch)
-        s, a = _t(fd.obs[idx], device), _t(fd.actions[idx], device)
+        st, a = _t(fd.obs[idx], device), _t(fd.actions[idx], device)
         rtg = _t(fd.rtg[idx] / cfg.scale, device)
-        loss = F.mse_loss(policy(s, _t(fd.task_id[idx], device), rtg), a)
-        _step(loss, opt, sched, params, cfg.grad_clip)
-        losses.append(loss.item())
-        if progress and (it % 100 == 0 or it == cfg.bc_iters - 1):
-            progress(name, it + 1, cfg.bc_iters)
-    return {"iters": cfg.bc_iters, "loss_first": _mean(losses[:50]), "loss_last": _mean(losses[-50:])}
+        return F.mse_loss(policy(st, _t(fd.task_id[idx], device), rtg), a)
+
+    with _dropout_stream(s, device):
+        losses = _fit(list(policy.parameters()), cfg, cfg.bc_iters, batch_loss, name, progress, every=100)
+    return _summary(cfg.bc_iters, losses)
 
 
 def _mean(x):
