@@ -4,8 +4,17 @@ import math
 import pytest
 import torch
 
-from icmltools.nn import (ALiBi, DecoderStack, RMSNorm, RotaryEmbedding, TransformerConfig, alibi_slopes,
-                          apply_rotary, build_attn_mask, rotate_half)
+from icmltools.nn import (
+    ALiBi,
+    DecoderStack,
+    RMSNorm,
+    RotaryEmbedding,
+    TransformerConfig,
+    alibi_slopes,
+    apply_rotary,
+    build_attn_mask,
+    rotate_half,
+)
 
 torch.set_num_threads(1)
 
@@ -108,3 +117,32 @@ def test_alibi_slopes():
     assert len(alibi_slopes(6)) == 6
     b = ALiBi(2).bias(3, 3, "cpu", torch.float32)
     assert b[0, 2, 0] == pytest.approx(-2 * 2 ** -4)
+
+
+def test_tables_cached_per_key_and_cleared_on_move_or_rescale():
+    pe = RotaryEmbedding(8)
+    a = pe.cos_sin(5)
+    assert pe.cos_sin(5) is a and pe.cos_sin(6) is not a
+    pe.set_scaling({"type": "pi", "factor": 2.0})
+    assert not torch.equal(pe.cos_sin(5)[1], a[1])
+    pe.set_scaling(None)
+    assert torch.equal(pe.cos_sin(5)[1], a[1])
+    pe.to(torch.float32)
+    assert pe._cache == {}
+    al = ALiBi(2)
+    assert al.bias(3, 3, "cpu", torch.float32) is al.bias(3, 3, "cpu", torch.float32)
+    for n in range(40):                                   # bounded cache
+        pe.cos_sin(n + 1)
+    assert len(pe._cache) <= pe.cache_size
+
+
+def test_rotate_qk_matches_apply_rotary():
+    from icmltools.nn import rotate_qk
+
+    pe = RotaryEmbedding(8)
+    q, k = torch.randn(1, 2, 5, 8, dtype=torch.float64), torch.randn(1, 2, 5, 8)
+    cos, sin = pe.cos_sin(5)
+    qr, kr = rotate_qk(q, k, cos, sin)
+    assert qr.dtype == torch.float64 and kr.dtype == torch.float32
+    assert torch.allclose(kr, apply_rotary(k, cos, sin))
+    assert torch.equal(pe(q, k)[1], kr)

@@ -32,16 +32,46 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotate_half(x) * sin
 
 
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """The same tables applied to q and k in float32; each comes back in its own dtype."""
+    return apply_rotary(q.float(), cos, sin).to(q.dtype), apply_rotary(k.float(), cos, sin).to(k.dtype)
+
+
 class PositionEmbedding(nn.Module):
-    """Base class of attention position hooks; the identity (NoPE) by itself."""
+    """Base class of attention position hooks; the identity (NoPE) by itself.
+
+    Subclasses keep their tables (cos/sin, biases) in a small cache: `self.cached(key, build)` builds a
+    table once per key; moving the module (`.to()`, `.cuda()`) empties it.
+    """
 
     kind = "none"
+    cache_size = 16
+
+    def __init__(self):
+        super().__init__()
+        self._cache: dict = {}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):  # noqa: D401
         return q, k
 
     def bias(self, q_len: int, k_len: int, device, dtype):
         return None
+
+    def cached(self, key, build):
+        """`build()` once per `key` (at most `cache_size` tables are kept)."""
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= self.cache_size:
+                self._cache.clear()
+            hit = self._cache[key] = build()
+        return hit
+
+    def clear_cache(self) -> None:
+        self._cache = {}
+
+    def _apply(self, fn, *args, **kwargs):  # .to()/.cuda() move the tensors the tables come from
+        self.clear_cache()
+        return super()._apply(fn, *args, **kwargs)
 
 
 def rope_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
@@ -77,6 +107,20 @@ def yarn_inv_freq(head_dim: int, theta: float, factor: float, original_length: i
     return inv_freq, attention_factor
 
 
+def _pi(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    """Position interpolation (Chen et al. 2023): every frequency divided by the factor."""
+    return rope_inv_freq(head_dim, theta) / float(scaling["factor"]), 1.0
+
+
+def _yarn(head_dim: int, theta: float, scaling: dict) -> tuple[torch.Tensor, float]:
+    return yarn_inv_freq(head_dim, theta, float(scaling["factor"]), int(scaling["original_length"]),
+                         float(scaling.get("beta_fast", 32.0)), float(scaling.get("beta_slow", 1.0)))
+
+
+# RoPE context extensions by `scaling["type"]`: (head_dim, theta, scaling) -> (inv_freq, attention factor)
+ROPE_SCALINGS = {"pi": _pi, "yarn": _yarn}
+
+
 class RotaryEmbedding(PositionEmbedding):
     """RoPE on `(B, H, T, hd)` queries and keys, optionally extended with PI or YaRN.
 
@@ -92,56 +136,37 @@ class RotaryEmbedding(PositionEmbedding):
         self.theta = float(theta)
         self.register_buffer("inv_freq", rope_inv_freq(self.head_dim, self.theta), persistent=False)
         self.attention_factor = 1.0
-        self._cache: dict = {}
         self.scaling = None
         self.set_scaling(scaling)
 
     def set_scaling(self, scaling: dict | None) -> None:
         """Apply PI / YaRN (or None for plain RoPE) to the frequencies; clears the cos/sin cache."""
-        base = rope_inv_freq(self.head_dim, self.theta).to(self.inv_freq.device)
-        factor = 1.0
-        self.attention_factor = 1.0
         kind = None if scaling is None else str(scaling.get("type", "none")).lower()
         if kind in (None, "none"):
-            inv = base
+            inv, attention_factor = rope_inv_freq(self.head_dim, self.theta), 1.0
+        elif kind in ROPE_SCALINGS:
+            inv, attention_factor = ROPE_SCALINGS[kind](self.head_dim, self.theta, scaling)
         else:
-            factor = float(scaling["factor"])
-            if kind == "pi":
-                inv = base / factor
-            elif kind == "yarn":
-                inv, self.attention_factor = yarn_inv_freq(
-                    self.head_dim, self.theta, factor, int(scaling["original_length"]),
-                    float(scaling.get("beta_fast", 32.0)), float(scaling.get("beta_slow", 1.0)))
-                inv = inv.to(base.device)
-            else:
-                raise ValueError(f"unknown rope scaling type {kind!r}; use pi or yarn")
+            raise ValueError(f"unknown rope scaling type {kind!r}; use one of {', '.join(ROPE_SCALINGS)}")
         self.scaling = None if kind in (None, "none") else dict(scaling)
-        self.inv_freq = inv
-        self._cache.clear()
+        self.inv_freq = inv.to(self.inv_freq.device)
+        self.attention_factor = attention_factor
+        self.clear_cache()
 
-    def _apply(self, fn, *args, **kwargs):  # .to()/.cuda() invalidate the cache
-        self._cache = {}
-        return super()._apply(fn, *args, **kwargs)
-
-    def cos_sin(self, length: int, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin tables of shape (1, 1, length, hd), float32, for positions offset..offset+length-1."""
-        device = device or self.inv_freq.device
-        key = (int(length), int(offset), str(device))
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+    def _tables(self, length: int, offset: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.no_grad():
             t = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
             freqs = torch.outer(t, self.inv_freq.to(device))
             emb = torch.cat((freqs, freqs), dim=-1)
-            cos = (emb.cos() * self.attention_factor)[None, None]
-            sin = (emb.sin() * self.attention_factor)[None, None]
-        self._cache[key] = (cos, sin)
-        return cos, sin
+            return (emb.cos() * self.attention_factor)[None, None], (emb.sin() * self.attention_factor)[None, None]
+
+    def cos_sin(self, length: int, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables of shape (1, 1, length, hd), float32, for positions offset..offset+length-1."""
+        device = device or self.inv_freq.device
+        return self.cached((int(length), int(offset), str(device)), lambda: self._tables(length, offset, device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
-        cos, sin = self.cos_sin(q.shape[-2], offset, q.device)
-        return (apply_rotary(q.float(), cos, sin).to(q.dtype), apply_rotary(k.float(), cos, sin).to(k.dtype))
+        return rotate_qk(q, k, *self.cos_sin(q.shape[-2], offset, q.device))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -167,19 +192,12 @@ class ALiBi(PositionEmbedding):
     def __init__(self, n_heads: int):
         super().__init__()
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
-        self._cache: dict = {}
 
-    def _apply(self, fn, *args, **kwargs):
-        self._cache = {}
-        return super()._apply(fn, *args, **kwargs)
+    def _bias(self, q_len: int, k_len: int, device, dtype) -> torch.Tensor:
+        i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        j = torch.arange(k_len, device=device)[None, :]
+        dist = (i - j).clamp(min=0).to(torch.float32)
+        return (-self.slopes.to(device)[:, None, None] * dist[None]).to(dtype)
 
     def bias(self, q_len: int, k_len: int, device, dtype):
-        key = (q_len, k_len, str(device), dtype)
-        hit = self._cache.get(key)
-        if hit is None:
-            i = torch.arange(k_len - q_len, k_len, device=device)[:, None]
-            j = torch.arange(k_len, device=device)[None, :]
-            dist = (i - j).clamp(min=0).to(torch.float32)
-            hit = (-self.slopes.to(device)[:, None, None] * dist[None]).to(dtype)
-            self._cache[key] = hit
-        return hit
+        return self.cached((q_len, k_len, str(device), dtype), lambda: self._bias(q_len, k_len, device, dtype))
