@@ -2,6 +2,9 @@
 instances (1 s limits), relaxation on infeasible fixings, bad input, and the CLI."""
 import json
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +177,12 @@ def _history(paths):
     return [solve_one("scip", p, [], cfg).solution() for p in paths]
 
 
+def _history_and_milps(series, k):
+    """The first k instances of a series: their plain-SCIP solutions and their MILPs."""
+    paths = series["instances"][:k]
+    return _history(paths), [read_milp(p) for p in paths]
+
+
 @pytest.mark.parametrize("method", ["vpor", "scip", "warm", "reopt"])
 def test_every_method_tiny_one_second(method, obj_series):
     paths = obj_series["instances"]
@@ -240,10 +249,22 @@ def test_infeasible_and_unbounded_instances_report_status(tmp_path):
         assert r.status in ("unbounded", "infeasible_or_unbounded"), r.status
 
 
-def test_gnn_predictor_runs(obj_series):
+@pytest.fixture
+def one_torch_thread():
+    """What CommandRun does for the CLI (core.device.set_threads): tiny graphs on 2 shared cores train 5-10x
+    slower with 2 torch threads. Restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.slow
+def test_gnn_predictor_runs(obj_series, one_torch_thread):
     paths = obj_series["instances"]
-    hist = _history(paths[:4])
-    milps = [read_milp(p) for p in paths[:4]]
+    hist, milps = _history_and_milps(obj_series, 4)
     res = solve_vpor(paths[4], hist, SolveConfig(time_limit=1.0, predictor="gnn", device="cpu"), milps)
     assert res.feasible is True
     assert res.details["gnn"]["pairs"] == 3 and res.details["gnn"]["epochs"] >= 1
@@ -349,3 +370,93 @@ def test_cli_bad_input(run_cli, tmp_path, obj_series):
     t.write_text(f"[TIMEOUT] 1\n{inst[0]}\nnot_there.mps\n")
     res, _ = run_cli(["reopt", "-q", "series", str(t)], expect_code=2)
     assert "not_there.mps" in _one_error_line(res)
+
+
+# ------------------------------------------------------------------------------------------ house pattern
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "icmltools" / "reopt"
+
+
+def test_options_module_imports_no_heavy_module():
+    code = ("import sys; import icmltools.reopt.options as o; assert o.SolveConfig().validate(); "
+            "print(','.join(m for m in ('numpy', 'scipy', 'torch', 'pyscipopt', 'rich') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_no_ad_hoc_seeding_threads_or_flags_in_library():
+    src = {p.name: p.read_text() for p in PKG.glob("*.py")}
+    for name, text in src.items():
+        assert not re.search(r"torch\.manual_seed|np\.random\.seed\(|default_rng|Generator\(\)\.manual_seed|"
+                             r"SeedSequence", text), name
+        assert not re.search(r"set_threads|threadpool_limits|set_num_threads", text), name
+        assert not re.search(r"Error\(f?[\"']--", text), name  # library errors name parameters, not flags
+
+
+def test_choice_lists_live_once():
+    from icmltools.reopt import options
+    from icmltools.reopt.generators import FAMILIES
+    from icmltools.reopt.solve import RUNNERS
+
+    assert tuple(FAMILIES) == options.PROBLEMS and tuple(RUNNERS) == options.METHODS
+    assert all(set(f.presets) == set(options.SIZES) for f in FAMILIES.values())
+    assert "METHODS = (" not in (ROOT / "commands" / "reopt.py").read_text()
+
+
+def test_generated_instance_alone_equals_inside_the_series(tmp_path):
+    from icmltools.reopt.generators import series_instance
+
+    spec = SeriesSpec("cauction", "mixed", "tiny", 4, seed=5, gzip=False)
+    r = generate_series(spec, tmp_path)
+    for k in (0, 3):
+        assert mps_bytes(series_instance(spec, k), gz=False) == Path(r["instances"][k]).read_bytes()
+
+
+def test_thompson_stream_alone_equals_inside_vpor():
+    from icmltools.core.seed import derive
+    from icmltools.reopt.solve import scip_seed
+    from icmltools.reopt.ts import ts_stream
+
+    pred = _pred()
+    a = ThompsonFixer(pred, 0.7, 10, seed=3).sample()  # the stream solve_vpor uses for cfg.seed = 3
+    b = ThompsonFixer(pred, 0.7, 10, ts_stream(3).numpy()).sample()
+    c = ThompsonFixer(pred, 0.7, 10, derive(3, "reopt", "thompson").numpy()).sample()
+    assert np.array_equal(a.idx, b.idx) and np.array_equal(a.idx, c.idx)
+    assert not np.array_equal(a.idx, ThompsonFixer(pred, 0.7, 10, seed=4).sample().idx)
+    assert 0 <= scip_seed(0) < 2**31 and scip_seed(0) == derive(0, "reopt", "scip").int(31) != scip_seed(1)
+
+
+def test_gnn_training_is_seeded_and_leaves_global_rng_alone(obj_series, one_torch_thread):
+    import torch
+
+    from icmltools.reopt.predict import train_gnn
+
+    hist, milps = _history_and_milps(obj_series, 3)
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    net_a, info_a = train_gnn(milps, hist, epochs=3, seed=7)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    net_b, info_b = train_gnn(milps, hist, epochs=3, seed=7)
+    _, info_c = train_gnn(milps, hist, epochs=3, seed=8)
+    assert info_a["final_loss"] == info_b["final_loss"] != info_c["final_loss"]
+    assert all(torch.equal(p, q) for p, q in zip(net_a.parameters(), net_b.parameters()))
+
+
+def test_cli_errors_name_flags_and_run_folder(run_cli, tmp_path, obj_series):
+    res, _ = run_cli(["reopt", "-q", "bench", "--instances", "3", "--first", "3", "--out", str(tmp_path / "b")],
+                     expect_code=2)
+    assert "--first" in _one_error_line(res) and not (tmp_path / "b").exists()
+    res, _ = run_cli(["reopt", "-q", "series", obj_series["test_file"], "--first", "7"], expect_code=2)
+    assert "--first" in _one_error_line(res)
+    inst = obj_series["instances"]
+    res, _ = run_cli(["reopt", "-q", "solve", inst[2], "--history", inst[0], "--history", inst[1], "--history-sol",
+                      str(tmp_path / "x.sol")], expect_code=2)
+    assert "--history-sol" in _one_error_line(res)
+    out = tmp_path / "gen"
+    _, doc = run_cli(["reopt", "-q", "generate", "--instances", "2", "--seed", "4", "--out", str(out)])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["config"]["SeriesSpec"]["seed"] == 4 and cfg["config"]["SeriesSpec"]["n_instances"] == 2
+    assert json.loads((out / "result.json").read_text())["test_file"] == doc["result"]["test_file"]
+    assert doc["reference"]["venue"].startswith("ICML 2025")

@@ -1,110 +1,133 @@
-"""Library entry points used by `icml reopt` (solve / series / generate / bench / demo)."""
+"""Library entry points of `icml reopt`: solve / series / generate / bench / demo (one call each)."""
 from __future__ import annotations
 
-import math
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
 
-from .generators import MODES, PROBLEMS, SIZES, SeriesSpec, generate_series  # noqa: F401
-from .history import pool_map, read_solution_file, solve_history, write_solution_file
-from .milp import check_instance_path, read_milp, read_model
+from .generators import generate_series
+from .history import default_cache_dir, pool_map, read_solution_file, solve_history, write_solution_file
+from .milp import check_instance_path, var_names
+from .options import DEFAULT_SOLVE_METHODS, DEMO, FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig
 from .predict import check_names
-from .series import better, run_bench, run_series, summarize  # noqa: F401
-from .solve import METHODS, SolveConfig, score, solve_one
+from .series import best_of, parse_test_file, run_bench, run_series, series_time_limit, summarize
+from .solve import check_methods, method_job, score
+
+__all__ = ["BenchConfig", "SeriesSpec", "SolveConfig", "bench", "demo", "generate", "series", "solve_instance"]
 
 
-def _var_names(path) -> list:
-    model = read_model(path)  # keep the model alive while its variables are read
-    names = [v.name for v in model.getVars()]
-    del model
-    return names
+def _history_from_files(history_paths: list, history_sol_paths: list, names: list, new_path) -> tuple[list, list]:
+    """History solutions read from files (.sol or JSON), one per history instance, zeros filled in."""
+    if len(history_sol_paths) != len(history_paths):
+        raise BadInputError(f"{len(history_sol_paths)} solution file(s) for {len(history_paths)} history "
+                            "instance(s); give one solution per history instance (or none)", param="history_sol")
+    name_set = set(names)
+    hist = []
+    for sp in history_sol_paths:
+        sol = read_solution_file(sp)
+        unknown = [n for n in sol if n not in name_set]
+        if unknown:
+            raise BadInputError(f"{sp}: {len(unknown)} variable(s) not in {new_path}, e.g. {unknown[:3]}",
+                                hint="variables are matched by name")
+        hist.append({n: float(sol.get(n, 0.0)) for n in names})  # .sol files omit zeros
+    return hist, [{"path": str(p), "source": str(s)} for p, s in zip(history_paths, history_sol_paths)]
 
 
-def _solve_job(args):
-    method, path, history, cfg, hpaths, with_milps = args
-    milps = [read_milp(h) for h in hpaths] if (with_milps and method == "vpor") else None
-    return solve_one(method, path, history, cfg, history_paths=hpaths, history_milps=milps)
+def _history_from_solves(history_paths: list, time_limit: float, cfg: SolveConfig, cache_dir, jobs: int,
+                         progress) -> tuple[list, list]:
+    """History solutions from plain-SCIP solves of the history instances (cached by file hash)."""
+    solved = solve_history(history_paths, time_limit, cfg.seed, cache_dir, jobs, progress)
+    hist = [h["values"] if h.get("feasible") else None for h in solved]
+    return hist, [{"path": h["path"], "status": h["status"], "objective": h["objective"], "cached": h["cached"]}
+                  for h in solved]
 
 
-def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=("vpor",), cfg: SolveConfig | None = None,
-                   *, history_limit: float | None = None, cache_dir=None, jobs: int = 1, reference: float | None = None,
-                   write_sol=None, progress=None) -> dict:
-    """Solve one new instance with each method, using the history instances (oldest first)."""
-    cfg = cfg or SolveConfig()
-    cfg.validate()
+def _write_best(out: dict, best, write_sol) -> None:
+    if best is None:
+        out["solution_written"] = None
+    else:
+        write_solution_file(write_sol, best.names, best.values, best.objective)
+        out["solution_written"] = str(write_sol)
+
+
+def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEFAULT_SOLVE_METHODS,
+                   cfg: SolveConfig | None = None, *, history_limit: float | None = None, cache_dir=None,
+                   jobs: int = 1, reference: float | None = None, write_sol=None, progress=None) -> dict:
+    """Solve one new instance with each method, using the history instances (oldest first): their
+    solutions from `history_sol_paths`, else from plain-SCIP solves cached in `cache_dir`
+    (default `default_cache_dir()`)."""
+    cfg = (cfg or SolveConfig()).validate()
+    methods = check_methods(methods)
     new_path = check_instance_path(new_path)
     history_paths = [check_instance_path(p) for p in history_paths]
-    if history_sol_paths and len(history_sol_paths) != len(history_paths):
-        raise BadInputError(f"--history-sol given {len(history_sol_paths)} times but --history "
-                            f"{len(history_paths)} times; give one solution per history instance (or none)")
-    for m in methods:
-        if m not in METHODS:
-            raise BadInputError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
-    names = _var_names(new_path)
+    names = var_names(new_path)
     for h in history_paths:
-        check_names(names, _var_names(h), f"history instance {h}", f"new instance {new_path}")
-    name_set = set(names)
+        check_names(names, var_names(h), f"history instance {h}", f"new instance {new_path}")
     if history_sol_paths:
-        hist = []
-        for sp in history_sol_paths:
-            sol = read_solution_file(sp)
-            unknown = [n for n in sol if n not in name_set]
-            if unknown:
-                raise BadInputError(f"{sp}: {len(unknown)} variable(s) not in {new_path}, e.g. {unknown[:3]}",
-                                    hint="variables are matched by name")
-            hist.append({n: float(sol.get(n, 0.0)) for n in names})  # .sol files omit zeros
-        hist_info = [{"path": str(p), "source": str(s)} for p, s in zip(history_paths, history_sol_paths)]
+        hist, hist_info = _history_from_files(history_paths, list(history_sol_paths), names, new_path)
     elif history_paths:
-        solved = solve_history(history_paths, history_limit or cfg.time_limit, cfg.seed, cache_dir, jobs, progress)
-        hist = [h["values"] if h.get("feasible") else None for h in solved]
-        hist_info = [{"path": h["path"], "status": h["status"], "objective": h["objective"], "cached": h["cached"]}
-                     for h in solved]
+        hist, hist_info = _history_from_solves(history_paths, history_limit or cfg.time_limit, cfg,
+                                               cache_dir or default_cache_dir(), jobs, progress)
     else:
         hist, hist_info = [], []
-    with_milps = cfg.predictor == "gnn"
-    jobs_list = [(m, str(new_path), hist, replace(cfg), [str(p) for p in history_paths], with_milps) for m in methods]
-    results = pool_map(_solve_job, jobs_list, jobs, progress, "methods")
+    jobs_list = [(m, str(new_path), hist, replace(cfg), [str(p) for p in history_paths], cfg.predictor == "gnn")
+                 for m in methods]
+    results = pool_map(method_job, jobs_list, jobs, progress, "methods")
     sense = next((r.sense for r in results if r.status != "not_applicable"), "minimize")
     if reference is not None:
         for r in results:
             score(r, reference, cfg.time_limit)
-    best = None
-    for r in results:
-        if r.feasible and (best is None or better(r.objective, best.objective, sense)):
-            best = r
+    best_obj = best_of([r.objective for r in results if r.feasible], sense)
+    best = next((r for r in results if r.feasible and r.objective == best_obj), None)
     out = {"mode": "solve", "instance": str(new_path), "history": hist_info, "time_limit": cfg.time_limit,
            "reference": reference, "results": [r.to_dict() for r in results],
            "best_method": best.method if best else None, "best_objective": best.objective if best else None}
     if write_sol is not None:
-        if best is None:
-            out["solution_written"] = None
-        else:
-            write_solution_file(write_sol, best.names, best.values, best.objective)
-            out["solution_written"] = str(write_sol)
+        _write_best(out, best, write_sol)
     return out
 
 
-def bench_specs(problems, modes, size: str, seeds: int, instances: int, strength: float, timeout: float,
-                seed0: int = 0) -> list:
-    specs = []
-    for p in problems:
-        if p not in PROBLEMS:
-            raise BadInputError(f"unknown problem {p!r}; choose from {', '.join(PROBLEMS)}")
-        for m in modes:
-            if m not in MODES:
-                raise BadInputError(f"unknown mode {m!r}; choose from {', '.join(MODES)}")
-            for s in range(seeds):
-                specs.append(SeriesSpec(p, m, size, instances, seed0 + s, strength, timeout, True))
-    return specs
+def series(test_file, methods=METHODS, cfg: SolveConfig | None = None, *, time_limit: float | None = None,
+           first: int = FIRST, max_instances: int | None = None, history_limit: float | None = None, cache_dir=None,
+           jobs: int = 1, keep_records: bool = True, on_record=None, progress=None) -> dict:
+    """Run a MIPcc23-style series: the time limit is `time_limit`, else the file's [TIMEOUT], else
+    SolveConfig's default; `keep_records=False` leaves the per-instance records out (streamed instead)."""
+    spec = parse_test_file(test_file)
+    cfg = replace(cfg or SolveConfig(), time_limit=series_time_limit(time_limit, spec["timeout"], test_file))
+    methods = check_methods(methods)
+    res = run_series(test_file, methods, cfg, first=first, max_instances=max_instances, history_limit=history_limit,
+                     cache_dir=cache_dir or default_cache_dir(), jobs=jobs, on_record=on_record, progress=progress)
+    summary = summarize(res["records"], methods)
+    if not keep_records:
+        res.pop("records")
+    return {"mode": "series", "time_limit": cfg.time_limit, **res, "summary": summary}
 
 
-def check_time_limit(t: float, what: str = "--time-limit") -> float:
-    if t is None or not (t > 0) or not math.isfinite(t):
-        raise BadInputError(f"{what} must be a positive number of seconds, got {t}")
-    return float(t)
+def generate(spec: SeriesSpec, out_dir) -> dict:
+    """Write an instance series (`generators.generate_series`)."""
+    return {"mode": "generate", **generate_series(spec, out_dir)}
 
 
-def solution_path(p) -> Path:
-    return Path(p)
+def bench(bench_cfg: BenchConfig, methods=METHODS, cfg: SolveConfig | None = None, out_dir=".", *,
+          history_limit: float | None = None, cache_dir=None, jobs: int = 1, on_record=None, progress=None,
+          mode: str = "bench") -> dict:
+    """Generated series, every method side by side (`series.run_bench`); history solves cached under
+    `out_dir/cache` unless `cache_dir` is given."""
+    res = run_bench(bench_cfg, methods, cfg or SolveConfig(), out_dir, history_limit=history_limit,
+                    cache_dir=cache_dir or Path(out_dir) / "cache", jobs=jobs, on_record=on_record, progress=progress)
+    return {"mode": mode, **res}
+
+
+def demo_config(time_limit: float = DEMO.time_limit) -> BenchConfig:
+    return replace(DEMO, time_limit=time_limit)
+
+
+def demo(time_limit: float = DEMO.time_limit, cfg: SolveConfig | None = None, out_dir=".", **kwargs) -> dict:
+    """What bare `icml reopt` runs: the `options.DEMO` bench (two tiny set-cover series, every method)."""
+    return bench(demo_config(time_limit), METHODS, cfg, out_dir, mode="demo", **kwargs)
+
+
+def resolved(*configs) -> dict:
+    """The configs of a run as one dict (for the run folder's config.json)."""
+    return {type(c).__name__: asdict(c) for c in configs if c is not None}

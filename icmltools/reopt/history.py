@@ -11,11 +11,13 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
-from icmltools.core.jsonio import atomic_write_json
-
 from icmltools.core.files import file_sha256
+from icmltools.core.jsonio import atomic_write_json, atomic_write_text
 
 from .milp import check_instance_path
+from .options import SolveConfig
+
+CACHE_VERSION = 2  # bumped when the same (file, limit, seed) may solve differently (2: SCIP seed via derive)
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,6 @@ def read_solution_file(path) -> dict:
 
 def write_solution_file(path, names, values, objective) -> None:
     """SCIP .sol text format (readable by SCIP's readSol and by `read_solution_file`)."""
-    from icmltools.core.jsonio import atomic_write_text
-
     lines = ["solution status: feasible", f"objective value: {objective!r}"]
     lines += [f"{n} {float(v)!r}" for n, v in zip(names, values) if v != 0]
     atomic_write_text(path, "\n".join(lines) + "\n")
@@ -97,10 +97,10 @@ def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -
 
 def _history_job(args):
     path, time_limit, seed, cache_dir = args
-    from .solve import SolveConfig, solve_scip
+    from .solve import solve_scip
 
     sha = file_sha256(path)
-    key = f"{sha}_t{time_limit:g}_s{seed}.json"
+    key = f"{sha}_t{time_limit:g}_s{seed}_v{CACHE_VERSION}.json"
     cfile = Path(cache_dir) / key if cache_dir else None
     if cfile is not None and cfile.is_file():
         try:
@@ -125,7 +125,7 @@ def solve_history(paths: list, time_limit: float, seed: int = 0, cache_dir=None,
     """Solve each history instance with plain SCIP under `time_limit` (cached by sha256 of the file,
     the limit and the seed). Returns one dict per path: status, objective, values (or None), cached."""
     if not (time_limit > 0) or not math.isfinite(time_limit):
-        raise BadInputError(f"history time limit must be > 0, got {time_limit}")
+        raise BadInputError(f"must be a positive number of seconds, got {time_limit}", param="history_limit")
     for p in paths:
         check_instance_path(p)
     return pool_map(_history_job, [(str(p), float(time_limit), int(seed), str(cache_dir) if cache_dir else None)

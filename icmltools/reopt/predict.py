@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import derive
 
 from .milp import Milp
 from .ts import Prediction
@@ -38,7 +39,9 @@ def recency_weights(h: int, decay: float) -> np.ndarray:
 
 
 def marginal_prediction(names, kind, lb, ub, history: list, decay: float = 0.8, recent: int = 3) -> Prediction:
-    """Recency-weighted marginals (weight decay^age) of the history solutions."""
+    """Stage 1, ours (the paper uses a GNN): binaries p_j = sum_k w_k x_kj / sum_k w_k with w_k = decay^age;
+    general integers get the interval [floor min, ceil max] of the last `recent` history values and, as p,
+    the weight share of history values inside it."""
     kind = np.asarray(kind)
     n = len(names)
     if not history:
@@ -121,22 +124,9 @@ def _tensors(torch, feat, device):
             torch.from_numpy(np.asarray(ci, dtype=np.int64)).to(device), torch.from_numpy(w).to(device))
 
 
-def train_gnn(history_milps: list, history: list, device: str = "cpu", decay: float = 0.8, epochs: int = 100,
-              seed: int = 0, deadline=None, threads: int | None = 1):
-    """Train the bipartite GNN on the history series (offline: before the new instance arrives).
-
-    Training pairs: features of history instance k with the solution of k-1 (and the marginals of
-    0..k-1) -> the solution of k, binaries only. Returns (net or None, info)."""
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover
-        from icmltools.core.errors import MissingDependencyError
-
-        raise MissingDependencyError("--predictor gnn needs torch") from e
-    import time
-
-    t0 = time.perf_counter()
-    info = {"predictor": "gnn", "pairs": 0, "epochs": 0, "device": device}
+def _training_pairs(history_milps: list, history: list, decay: float) -> list:
+    """(features of history instance k with the solution of k-1 and the marginals of 0..k-1, the solution
+    of k, mask of its binaries) for every k with both solutions known."""
     pairs = []
     for k in range(1, len(history)):
         hm = history_milps[k] if k < len(history_milps) else None
@@ -149,17 +139,35 @@ def train_gnn(history_milps: list, history: list, device: str = "cpu", decay: fl
         y = history_matrix(names, [history[k]])[0]
         mask = (hm.vtype == "B") & ~np.isnan(y)
         pairs.append((_features(hm, prev, marg), np.nan_to_num(y), mask))
+    return pairs
+
+
+def train_gnn(history_milps: list, history: list, device: str = "cpu", decay: float = 0.8, epochs: int = 100,
+              seed: int = 0, deadline=None):
+    """Stage 1 as in the paper (a GNN on the variable-constraint graph), trained on the history series
+    offline, before the new instance arrives: BCE on the binaries of the pairs of `_training_pairs`.
+
+    Streams: `derive(seed, "reopt", "gnn")`, child "init" for the weights, "order" for the epoch order.
+    Returns (net or None, info)."""
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover
+        from icmltools.core.errors import MissingDependencyError
+
+        raise MissingDependencyError("the gnn predictor needs torch", param="predictor") from e
+    import time
+
+    t0 = time.perf_counter()
+    info = {"predictor": "gnn", "pairs": 0, "epochs": 0, "device": device}
+    pairs = _training_pairs(history_milps, history, decay)
     info["pairs"] = len(pairs)
     if len(pairs) < 2:
         info["fallback"] = "fewer than 2 consecutive solved history pairs; marginal prediction used"
         return None, info
-    if threads:
-        from icmltools.core.device import set_threads
-
-        set_threads(threads)  # many threads on small graphs and shared cores: 10-20x slower
-    g = torch.Generator().manual_seed(seed)
-    torch.manual_seed(seed)
-    net = _build_net(torch).to(device)
+    stream = derive(seed, "reopt", "gnn")
+    with stream.child("init").torch_init():
+        net = _build_net(torch).to(device)
+    g = stream.child("order").torch()
     # trained before the solve's clock starts, so torch.optim's one-off import cost (~2 s) is not timed
     opt = torch.optim.Adam(net.parameters(), lr=5e-3)
     data = [(_tensors(torch, f, device), torch.from_numpy(y.astype(np.float32)).to(device),
@@ -200,13 +208,14 @@ def predict_gnn(net, new: Milp, history: list, device: str = "cpu", decay: float
 
 
 def gnn_prediction(new: Milp, history_milps: list, history: list, device: str = "cpu", decay: float = 0.8,
-                   epochs: int = 100, seed: int = 0, deadline=None, threads: int | None = 1) -> tuple[Prediction, dict]:
+                   epochs: int = 100, seed: int = 0, deadline=None) -> tuple[Prediction, dict]:
     """Train on the history, then predict for `new` (both steps in one call)."""
-    net, info = train_gnn(history_milps, history, device, decay, epochs, seed, deadline, threads)
+    net, info = train_gnn(history_milps, history, device, decay, epochs, seed, deadline)
     return predict_gnn(net, new, history, device, decay), info
 
 
 def check_names(new_names: list, other_names: list, what: str, new_label: str) -> None:
+    """Variables are matched by name (spec): the two instances must have the same set of names."""
     a, b = set(new_names), set(other_names)
     if a != b:
         only_new = sorted(a - b)[:3]

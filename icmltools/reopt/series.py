@@ -1,4 +1,5 @@
-"""Series mode (MIPcc23-style `.test` files) and the side-by-side bench with its summary."""
+"""Series mode (MIPcc23-style `.test` files, the benchmark format of the spec) and the side-by-side bench
+with its summary (wins, median / shifted geometric-mean primal gap, primal integral, ratios to VP-OR)."""
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,10 @@ import numpy as np
 from icmltools.core.errors import BadInputError
 
 from .history import pool_map, solve_history
-from .milp import check_instance_path, read_milp
-from .solve import METHODS, SolveConfig, score, solve_one
+from .milp import check_instance_path, read_milp, var_names
+from .options import FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig
+from .predict import check_names
+from .solve import check_methods, method_job, score
 
 log = logging.getLogger(__name__)
 
@@ -54,64 +57,80 @@ def parse_test_file(path) -> dict:
     return {"timeout": timeout, "meta": meta, "instances": inst}
 
 
-def _method_job(args):
-    method, path, history, cfg, history_paths, with_milps = args
-    milps = [read_milp(h) for h in history_paths] if (with_milps and method == "vpor") else None
-    return solve_one(method, path, history, cfg, history_paths=history_paths, history_milps=milps)
-
-
 def better(a, b, sense):
     return a < b if sense == "minimize" else a > b
 
 
-def run_series(test_path, methods=("vpor", "scip", "warm", "reopt"), cfg: SolveConfig | None = None, *,
-               first: int = 1, max_instances: int | None = None, history_limit: float | None = None,
-               cache_dir=None, jobs: int = 1, on_record=None, progress=None, label: str | None = None) -> dict:
+def best_of(values, sense: str):
+    """The best of `values` for the objective sense (None when there are none)."""
+    best = None
+    for v in values:
+        if best is None or better(v, best, sense):
+            best = v
+    return best
+
+
+def series_time_limit(time_limit: float | None, test_timeout: float | None, test_path) -> float:
+    """`time_limit` if given, else the `.test` file's [TIMEOUT], else SolveConfig's default."""
+    if time_limit is not None:
+        if not (time_limit > 0) or not math.isfinite(time_limit):
+            raise BadInputError(f"must be a positive number of seconds, got {time_limit}", param="time_limit")
+        return float(time_limit)
+    if test_timeout is None:
+        return SolveConfig.time_limit
+    if not (test_timeout > 0) or not math.isfinite(test_timeout):
+        raise BadInputError(f"{test_path}: [TIMEOUT] {test_timeout:g} is not a positive number of seconds",
+                            hint="give a time limit to override it")
+    return float(test_timeout)
+
+
+def check_series_names(paths: list) -> None:
+    """Every instance of a series has the first one's variable names."""
+    first_names = var_names(paths[0])
+    for p in paths[1:]:
+        check_names(first_names, var_names(p), f"series instance {paths[0]}", f"series instance {p}")
+
+
+def _instance_record(i: int, paths: list, sols: list, hist: list, methods, cfg: SolveConfig, sense: str,
+                     jobs: int) -> dict:
+    """Every method on instance i with the history 0..i-1; the reference is the best objective among the
+    instance's plain-SCIP history solve and all methods."""
+    jobs_i = [(m, str(paths[i]), sols[:i], replace(cfg), [str(p) for p in paths[:i]], cfg.predictor == "gnn")
+              for m in methods]
+    results = pool_map(method_job, jobs_i, jobs)
+    ref = best_of([r.objective for r in results if r.feasible]
+                  + ([hist[i]["objective"]] if hist[i].get("feasible") else []), sense)
+    for r in results:
+        score(r, ref, cfg.time_limit)
+    return {"index": i, "instance": str(paths[i]), "reference": ref,
+            "results": [r.to_dict(with_trajectory=False) for r in results]}
+
+
+def run_series(test_path, methods=METHODS, cfg: SolveConfig | None = None, *, first: int = FIRST,
+               max_instances: int | None = None, history_limit: float | None = None, cache_dir=None, jobs: int = 1,
+               on_record=None, progress=None, label: str | None = None) -> dict:
     """Solve instances `first`.. of a series with every method; instance i uses 0..i-1 as history.
 
     History solutions (and a reference for the gap) come from plain-SCIP solves of every instance under
     `history_limit` (cached by file hash); the reference of an instance is the best objective among that
     solve and all methods. `on_record(dict)` receives one record per solved instance."""
-    cfg = cfg or SolveConfig()
-    for m in methods:
-        if m not in METHODS:
-            raise BadInputError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+    cfg = (cfg or SolveConfig()).validate()
+    methods = check_methods(methods)
     spec = parse_test_file(test_path)
     paths = spec["instances"][: max_instances] if max_instances else spec["instances"]
     if not (1 <= first < len(paths)):
-        raise BadInputError(f"--first {first} must be in [1, {len(paths) - 1}] for a series of {len(paths)} instances")
-    from .milp import read_model
-    from .predict import check_names
-
-    def names(path):
-        model = read_model(path)
-        out = [v.name for v in model.getVars()]
-        del model
-        return out
-
-    first_names = names(paths[0])
-    for p in paths[1:]:
-        check_names(first_names, names(p), f"series instance {paths[0]}", f"series instance {p}")
+        raise BadInputError(f"must be in [1, {len(paths) - 1}] for a series of {len(paths)} instances, got {first}",
+                            param="first")
+    check_series_names(paths)
     hl = history_limit or cfg.time_limit
     hist = solve_history(paths, hl, cfg.seed, cache_dir, jobs, progress)
     sols = [h["values"] if h.get("feasible") else None for h in hist]
-    sense0 = read_milp(paths[0]).sense
+    sense = read_milp(paths[0]).sense
     records = []
     for i in range(first, len(paths)):
-        jobs_i = [(m, str(paths[i]), sols[:i], replace(cfg), [str(p) for p in paths[:i]], cfg.predictor == "gnn")
-                  for m in methods]
-        results = pool_map(_method_job, jobs_i, jobs)
-        cands = [r.objective for r in results if r.feasible] + \
-                ([hist[i]["objective"]] if hist[i].get("feasible") else [])
-        ref = None
-        for c in cands:
-            if ref is None or better(c, ref, sense0):
-                ref = c
-        for r in results:
-            score(r, ref, cfg.time_limit)
-        rec = {"type": "instance", "series": label or str(test_path), "index": i, "instance": str(paths[i]),
-               "reference": ref, "reference_source": "best of a plain-SCIP history solve "
-               f"({hl:g} s) and all methods", "results": [r.to_dict(with_trajectory=False) for r in results]}
+        rec = {"type": "instance", "series": label or str(test_path),
+               "reference_source": f"best of a plain-SCIP history solve ({hl:g} s) and all methods",
+               **_instance_record(i, paths, sols, hist, methods, cfg, sense, jobs)}
         records.append(rec)
         if on_record:
             on_record(rec)
@@ -188,23 +207,33 @@ def methods_for_mode(methods, mode: str) -> list:
     return [m for m in methods if m != "reopt" or mode == "obj"]
 
 
-def run_bench(specs: list, methods, cfg: SolveConfig, out_dir, *, first: int = 3, history_limit=None,
-              cache_dir=None, jobs: int = 1, on_record=None, progress=None) -> dict:
-    """Generate each series (`SeriesSpec`), run it, and summarise per series group and overall."""
+def bench_specs(bench: BenchConfig, seed0: int = 0) -> list:
+    """One `SeriesSpec` per (problem, mode, seed seed0 + s), s < bench.seeds."""
+    return [SeriesSpec(p, m, bench.size, bench.instances, seed0 + s, bench.strength, bench.time_limit, True)
+            for p in bench.problems for m in bench.modes for s in range(bench.seeds)]
+
+
+def run_bench(bench: BenchConfig, methods, cfg: SolveConfig, out_dir, *, history_limit=None, cache_dir=None,
+              jobs: int = 1, on_record=None, progress=None) -> dict:
+    """Generate each series of `bench` (seeds from cfg.seed on) into `out_dir`, run it with every method
+    under bench.time_limit, and summarise per (problem, mode) group and overall."""
     from .generators import generate_series
 
+    bench.validate()
+    cfg = replace(cfg, time_limit=bench.time_limit).validate()
+    methods = check_methods(methods)
+    specs = bench_specs(bench, cfg.seed)
     groups: dict = {}
     all_records = []
     series_out = []
     for k, spec in enumerate(specs):
-        d = Path(out_dir) / f"{spec.problem}_{spec.mode}_{spec.size}_s{spec.seed}"
-        gen = generate_series(spec, d)
+        gen = generate_series(spec, Path(out_dir) / f"{spec.problem}_{spec.mode}_{spec.size}_s{spec.seed}")
         ms = methods_for_mode(methods, spec.mode)
         label = f"{spec.problem}/{spec.mode}/{spec.size}/seed{spec.seed}"
-        res = run_series(gen["test_file"], ms, cfg, first=first, history_limit=history_limit, cache_dir=cache_dir,
-                         jobs=jobs, on_record=on_record, label=label)
-        key = f"{spec.problem}/{spec.mode}"
-        groups.setdefault(key, {"methods": ms, "records": []})["records"].extend(res["records"])
+        res = run_series(gen["test_file"], ms, cfg, first=bench.first, history_limit=history_limit,
+                         cache_dir=cache_dir, jobs=jobs, on_record=on_record, label=label)
+        groups.setdefault(f"{spec.problem}/{spec.mode}", {"methods": ms, "records": []})["records"].extend(
+            res["records"])
         all_records.extend(res["records"])
         series_out.append({"series": label, "test_file": gen["test_file"], "n_vars": gen["n_vars"],
                            "n_cons": gen["n_cons"], "history_cached": res["history_cached"]})
@@ -212,5 +241,5 @@ def run_bench(specs: list, methods, cfg: SolveConfig, out_dir, *, first: int = 3
             progress("bench", k + 1, len(specs))
     summary = {key: summarize(g["records"], g["methods"]) for key, g in groups.items()}
     all_methods = [m for m in METHODS if any(m in g["methods"] for g in groups.values())]
-    return {"series": series_out, "by_series_group": summary, "overall": summarize(all_records, all_methods),
-            "n_instances": len(all_records)}
+    return {"time_limit": bench.time_limit, "series": series_out, "by_series_group": summary,
+            "overall": summarize(all_records, all_methods), "n_instances": len(all_records)}

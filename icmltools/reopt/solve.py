@@ -12,42 +12,23 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import derive
 
-from .milp import check_instance_path, milp_from_model, read_model
+from .milp import check_instance_path, milp_from_model, read_milp, read_model
+from .options import METHODS, SolveConfig  # noqa: F401  (SolveConfig re-exported: its home is options)
 from .predict import check_names, marginal_prediction
-from .ts import Prediction, ThompsonFixer
+from .ts import Prediction, ThompsonFixer, ts_stream
 
 log = logging.getLogger(__name__)
 
-METHODS = ("vpor", "scip", "warm", "reopt")
 
-
-@dataclass
-class SolveConfig:
-    time_limit: float = 10.0
-    fix_ratio: float = 0.7          # paper: P = 0.7
-    submip_limit: float | None = None  # default: time_limit / 5 (at least 0.5 s)
-    groups: int = 10                # paper: release one of 10 groups at a time on infeasibility
-    prior_strength: float = 10.0    # K in alpha = 1 + K p
-    decay: float = 0.8              # recency weight of history solutions (ours)
-    predictor: str = "marginal"
-    device: str = "cpu"
-    seed: int = 0
-    threads: int = 1                # torch threads for the GNN predictor
-    reopt_history_limit: float | None = None  # limit for the reopt baseline's solve of the previous instance
-    verbose: bool = False
-
-    def validate(self):
-        if not (self.time_limit > 0) or not math.isfinite(self.time_limit):
-            raise BadInputError(f"time limit must be a positive number of seconds, got {self.time_limit}")
-        if not (0 <= self.fix_ratio <= 1):
-            raise BadInputError(f"--fix-ratio must be in [0, 1], got {self.fix_ratio}")
-        if self.submip_limit is not None and not self.submip_limit > 0:
-            raise BadInputError(f"--submip-limit must be > 0, got {self.submip_limit}")
-        if self.groups < 1:
-            raise BadInputError("--groups must be >= 1")
-        if self.predictor not in ("marginal", "gnn"):
-            raise BadInputError(f"unknown predictor {self.predictor!r}")
+def check_methods(methods) -> list:
+    """The method names in order without repeats; `all` stands for every method."""
+    names = list(METHODS) if "all" in methods else list(dict.fromkeys(methods))
+    for m in names:
+        if m not in METHODS:
+            raise BadInputError(f"unknown {m!r}; choose from {', '.join(METHODS)}", param="methods")
+    return names
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -119,11 +100,36 @@ def _make_recorder():
     return IncumbentRecorder()
 
 
-def _setup(model, cfg: SolveConfig, seed_shift: int = 0):
-    model.setParam("randomization/randomseedshift", int((cfg.seed + seed_shift) % 2**31))
+def scip_seed(seed: int) -> int:
+    """SCIP's `randomization/randomseedshift` for a run seeded with `seed` (the same for every method, so
+    they face the same solver randomness)."""
+    return derive(seed, "reopt", "scip").int(31)
+
+
+def _setup(model, cfg: SolveConfig):
+    model.setParam("randomization/randomseedshift", scip_seed(cfg.seed))
     model.setParam("timing/clocktype", 2)  # wall clock
     model.setParam("parallel/maxnthreads", 1)
     model.setParam("lp/threads", 1)
+
+
+def _open(model, cfg: SolveConfig):
+    """Set `model` up for a method's run and attach an incumbent recorder; returns the recorder."""
+    _setup(model, cfg)
+    rec = _make_recorder()
+    model.includeEventhdlr(rec, "icml_incumbents", "records incumbents on wall-clock time")
+    return rec
+
+
+def _timed_optimize(model, rec, vars_, time_limit: float):
+    """Solve under `time_limit` with the recorder's clock restarted: (seconds, values or None, status)."""
+    model.setParam("limits/time", time_limit)
+    rec.records = []
+    rec.t0 = time.perf_counter()
+    model.optimize()
+    elapsed = time.perf_counter() - rec.t0
+    x = _values(model, vars_)
+    return elapsed, x, _final_status(model, x)
 
 
 def _values(model, vars_) -> np.ndarray | None:
@@ -234,50 +240,45 @@ def _finish(res: MethodResult, path, sense, traj, cfg: SolveConfig, reference: f
     return score(res, reference, cfg.time_limit)
 
 
-# ------------------------------------------------------------------------------------------ methods
+# ------------------------------------------------------------------------------------------ baselines
+
+
+def _add_partial_start(model, vars_, start: dict) -> int:
+    """The previous solution as a partial solution on the integer variables (SCIP's completesol
+    heuristic repairs it if the modified instance made it infeasible); returns how many values were set."""
+    x = _lookup(start, [v.name for v in vars_])
+    psol = model.createPartialSol()
+    nset = 0
+    for v, val in zip(vars_, x):
+        if v.vtype() != "CONTINUOUS" and np.isfinite(val):
+            model.setSolVal(psol, v, float(val))
+            nset += 1
+    model.addSol(psol, free=True)
+    return nset
 
 
 def solve_scip(path, cfg: SolveConfig, start: dict | None = None, reference=None) -> MethodResult:
     """Plain SCIP (start=None) or SCIP warm-started with a previous solution (`warm`)."""
     model = read_model(path, cfg.verbose)
-    _setup(model, cfg)
+    rec = _open(model, cfg)
     vars_ = model.getVars()
-    names = [v.name for v in vars_]
-    rec = _make_recorder()
-    model.includeEventhdlr(rec, "icml_incumbents", "records incumbents on wall-clock time")
-    method = "scip" if start is None else "warm"
-    details = {}
-    if start is not None:
-        x = _lookup(start, names)
-        # the previous solution is given as a partial solution on the integer variables: SCIP's
-        # completesol heuristic repairs it if the modified instance made it infeasible
-        psol = model.createPartialSol()
-        nset = 0
-        for v, val in zip(vars_, x):
-            if v.vtype() != "CONTINUOUS" and np.isfinite(val):
-                model.setSolVal(psol, v, float(val))
-                nset += 1
-        model.addSol(psol, free=True)
-        details["start_values"] = nset
-    model.setParam("limits/time", cfg.time_limit)
-    rec.t0 = time.perf_counter()
-    model.optimize()
-    elapsed = time.perf_counter() - rec.t0
-    x = _values(model, vars_)
-    st = _final_status(model, x)
-    res = MethodResult(method, st, solve_time=elapsed, values=x, names=names, details=details)
+    details = {} if start is None else {"start_values": _add_partial_start(model, vars_, start)}
+    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit)
+    res = MethodResult("scip" if start is None else "warm", st, solve_time=elapsed, values=x,
+                       names=[v.name for v in vars_], details=details)
     return _finish(res, path, model.getObjectiveSense(), rec.records, cfg, reference)
 
 
 def solve_reopt(path, prev_path, cfg: SolveConfig, reference=None) -> MethodResult:
     """SCIP's reoptimization: solve the previous instance with reoptimization enabled, then change the
     objective (chgReoptObjective) and solve the new one. Valid only when just the objective changed."""
+    from pyscipopt import quicksum
+
     from .milp import changed_components
 
-    new_model = read_model(path)
-    new = milp_from_model(new_model, str(path))
     if prev_path is None:
         return MethodResult("reopt", "not_applicable", details={"reason": "no history instance"})
+    new = read_milp(path)
     prev_model = read_model(prev_path, cfg.verbose)
     prev = milp_from_model(prev_model, str(prev_path))
     check_names(new.var_names, prev.var_names, f"history instance {prev_path}", f"new instance {path}")
@@ -287,160 +288,208 @@ def solve_reopt(path, prev_path, cfg: SolveConfig, reference=None) -> MethodResu
                             details={"reason": f"SCIP reoptimization supports objective changes only; changed: "
                                                f"{sorted(changed)}"})
     model = prev_model
-    _setup(model, cfg)
-    rec = _make_recorder()
-    model.includeEventhdlr(rec, "icml_incumbents", "records incumbents on wall-clock time")
+    rec = _open(model, cfg)
     model.enableReoptimization()
     model.setParam("limits/time", cfg.reopt_history_limit or cfg.time_limit)
     model.optimize()
     vars_ = model.getVars()
-    names = [v.name for v in vars_]
     obj_by_name = dict(zip(new.var_names, new.obj))
-    from pyscipopt import quicksum
-
     model.freeReoptSolve()
-    expr = quicksum(float(obj_by_name[v.name]) * v for v in vars_ if obj_by_name[v.name] != 0)
-    model.chgReoptObjective(expr, sense=new.sense)
-    model.setParam("limits/time", cfg.time_limit)
-    rec.records = []
-    rec.t0 = time.perf_counter()
-    model.optimize()
-    elapsed = time.perf_counter() - rec.t0
-    x = _values(model, vars_)
-    st = _final_status(model, x)
-    res = MethodResult("reopt", st, solve_time=elapsed, values=x, names=names)
+    model.chgReoptObjective(quicksum(float(obj_by_name[v.name]) * v for v in vars_ if obj_by_name[v.name] != 0),
+                            sense=new.sense)
+    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit)
+    res = MethodResult("reopt", st, solve_time=elapsed, values=x, names=[v.name for v in vars_])
     return _finish(res, path, new.sense, rec.records, cfg, reference)
+
+
+# ------------------------------------------------------------------------------------------ VP-OR
+
+
+@dataclass
+class _Instance:
+    """The new instance as VP-OR sees it: variables, kinds (B/I/C) and original bounds (+-inf for none)."""
+
+    vars_: list
+    names: list
+    kind: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    inf: float
+    sense: str
+
+    @classmethod
+    def of(cls, model) -> _Instance:
+        vars_ = model.getVars()
+        kind = np.array(["B" if v.vtype() == "BINARY" else "I" if v.vtype() == "INTEGER" else "C" for v in vars_])
+        inf = model.infinity()
+        lb = np.array([v.getLbOriginal() for v in vars_], dtype=float)
+        ub = np.array([v.getUbOriginal() for v in vars_], dtype=float)
+        lb[lb <= -inf] = -math.inf
+        ub[ub >= inf] = math.inf
+        return cls(vars_, [v.name for v in vars_], kind, lb, ub, inf, model.getObjectiveSense())
+
+    def scip_bound(self, v: float) -> float:
+        return float(v) if np.isfinite(v) else (self.inf if v > 0 else -self.inf)
+
+
+def _train_offline(history: list, history_milps: list | None, cfg: SolveConfig):
+    """The GNN learns from the history only, so it is trained before the new instance arrives (offline, as
+    in the paper); its training time is reported, its prediction is inside the clock. (None, None) unless
+    the GNN predictor is asked for with the history MILPs."""
+    if cfg.predictor != "gnn" or history_milps is None:
+        return None, None
+    from .predict import train_gnn
+
+    return train_gnn(history_milps, history, cfg.device, cfg.decay, seed=cfg.seed,
+                     deadline=time.perf_counter() + max(5.0, 2 * cfg.time_limit))
+
+
+def _stage1(model, inst: _Instance, path, history: list, cfg: SolveConfig, trained) -> tuple[Prediction, dict]:
+    """Paper, Stage 1: the predicted solution space (P(x=1) for binaries, intervals for integers)."""
+    net, gnn_info = trained
+    known = [h for h in history if h is not None]
+    if gnn_info is None:
+        return marginal_prediction(inst.names, inst.kind, inst.lb, inst.ub, known, cfg.decay), {}
+    from .predict import predict_gnn
+
+    pred = predict_gnn(net, milp_from_model(model, str(path)), history, cfg.device, cfg.decay)
+    aligned = [_align(a, pred.names, inst.names) for a in (pred.p, pred.lo, pred.hi)]
+    return Prediction(inst.names, inst.kind, *aligned, inst.lb, inst.ub), {"gnn": gnn_info}
+
+
+class _VporSearch:
+    """Paper, Stage 2: Thompson sampling over which variables to fix, each fixing solved as a sub-MIP with
+    a short limit; an infeasible (or solution-less) sub-MIP releases the fixings one group at a time."""
+
+    def __init__(self, model, inst: _Instance, ts: ThompsonFixer, cfg: SolveConfig, deadline: float):
+        self.model, self.inst, self.ts, self.cfg, self.deadline = model, inst, ts, cfg, deadline
+        self.sub_limit = cfg.submip_limit or max(0.5, cfg.time_limit / 5)
+        self.ratio = cfg.fix_ratio
+        self.best_x, self.best_obj = None, None
+        self.optimal = False
+        self.proven = None  # 'infeasible' / 'unbounded' / ... when the unrestricted instance says so
+        self.n_sub, self.relaxations, self.rewards, self.fixed_counts = 0, 0, 0, []
+
+    def remaining(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def run(self, with_history: bool) -> None:
+        """Iterate until the time limit, a proof of optimality, or a proof the instance has no optimum.
+        Without history nothing is fixed: the first sub-MIP is the instance itself."""
+        while self.remaining() > 0.05 and self.proven is None and not self.optimal:
+            sel = self.ts.sample(self.ratio if with_history else 0.0)
+            groups = sel.groups(self.cfg.groups)
+            found, released, st = self._relax_until_solved(sel, groups)
+            if found is not None:
+                self._learn(found, released, st, len(groups))
+
+    def _relax_until_solved(self, sel, groups: list):
+        """Solve with every group fixed, then release the least confident group after each sub-MIP without
+        a solution. Returns ((x, proven optimal) or None, groups released, SCIP status)."""
+        released, st = 0, None
+        while self.remaining() > 0.05:
+            keep = np.sort(np.concatenate([np.zeros(0, dtype=int)] + groups[released:])).astype(int)
+            st, x = self._submip(sel, keep)
+            if x is not None:
+                if st in ("unbounded", "inforunbd"):
+                    self.proven = "unbounded"
+                return (x, st == "optimal" and len(keep) == 0), released, st
+            if len(keep) == 0:  # the unrestricted instance has no solution
+                if st in ("infeasible", "unbounded", "inforunbd"):
+                    self.proven = {"infeasible": "infeasible", "unbounded": "unbounded"}.get(
+                        st, "infeasible_or_unbounded")
+                break
+            released += 1
+            self.relaxations += 1
+        return None, released, st
+
+    def _submip(self, sel, keep: np.ndarray):
+        """One sub-MIP: fixings `keep` (positions in `sel`) applied, the incumbent as a start when it is
+        consistent with them; bounds restored afterwards. Returns (SCIP status, values or None)."""
+        model, inst = self.model, self.inst
+        remaining = self.remaining()
+        for k in keep:
+            j = sel.idx[k]
+            model.chgVarLb(inst.vars_[j], float(max(sel.new_lb[k], inst.lb[j])))
+            model.chgVarUb(inst.vars_[j], float(min(sel.new_ub[k], inst.ub[j])))
+        if self.best_x is not None and self.ts.consistent(sel, self.best_x, keep):
+            s = model.createSol()
+            for v, val in zip(inst.vars_, self.best_x):
+                model.setSolVal(s, v, float(val))
+            model.addSol(s, free=True)
+        # nothing fixed = the instance itself: give it all the remaining time (restarting it every sub-MIP
+        # limit would only throw its search away)
+        model.setParam("limits/time", max(0.05, remaining if len(keep) == 0 else min(self.sub_limit, remaining)))
+        model.optimize()
+        self.n_sub += 1
+        st, x = model.getStatus(), _values(model, inst.vars_)
+        model.freeTransform()
+        for k in keep:
+            j = sel.idx[k]
+            model.chgVarLb(inst.vars_[j], inst.scip_bound(inst.lb[j]))
+            model.chgVarUb(inst.vars_[j], inst.scip_bound(inst.ub[j]))
+        self.fixed_counts.append(len(keep))
+        return st, x
+
+    def _learn(self, found, released: int, st: str, n_groups: int) -> None:
+        """Reward 1 only on an improved incumbent: posterior toward it (paper). Ours: an exhausted
+        neighbourhood (optimal sub-MIP, no improvement) fixes 0.1 less next time; after relaxations the
+        ratio that worked is kept."""
+        x, proven_optimal = found
+        obj = float(self.model.getObjoffset() + sum(v.getObj() * val for v, val in zip(self.inst.vars_, x)))
+        if self._better(obj):
+            self.best_x, self.best_obj = x, obj
+            self.rewards += 1
+            self.ts.update(x)
+        elif released == 0 and st == "optimal":
+            self.ratio = max(0.0, self.ratio - 0.1)
+        if proven_optimal:
+            self.optimal = True
+        elif released > 0:
+            self.ratio = self.ratio * (1 - released / max(n_groups, 1))
+
+    def _better(self, obj: float) -> bool:
+        if self.best_obj is None:
+            return True
+        return obj < self.best_obj - 1e-9 if self.inst.sense == "minimize" else obj > self.best_obj + 1e-9
+
+    def status(self) -> str:
+        if self.proven is not None:
+            return self.proven
+        if self.best_x is None:
+            return "no_solution"
+        return "optimal" if self.optimal else "feasible"
+
+    def details(self) -> dict:
+        fc = self.fixed_counts
+        return {"n_submips": self.n_sub, "relaxations": self.relaxations, "rewards": self.rewards,
+                "n_fixed": int(fc[0]) if fc else 0, "n_fixed_mean": round(float(np.mean(fc)), 2) if fc else 0.0,
+                "final_fix_ratio": round(self.ratio, 4)}
 
 
 def solve_vpor(path, history: list, cfg: SolveConfig, history_milps: list | None = None,
                reference=None, rng: np.random.Generator | None = None) -> MethodResult:
-    """VP-OR-style: Stage 1 prediction, then Thompson-sampling fixings solved as sub-MIPs with
-    group-wise relaxation on infeasibility, until the time limit (paper, Stage 2)."""
-    rng = rng if rng is not None else np.random.default_rng(cfg.seed)
-    net, gnn_info = None, None
-    if cfg.predictor == "gnn" and history_milps is not None:
-        # the GNN learns from the history only, so it is trained before the new instance arrives (offline,
-        # as in the paper); its training time is reported, the prediction itself is inside the clock
-        import torch  # noqa: F401  (loading the library is not training)
-
-        from .predict import train_gnn
-
-        net, gnn_info = train_gnn(history_milps, history, cfg.device, cfg.decay, seed=cfg.seed,
-                                  deadline=time.perf_counter() + max(5.0, 2 * cfg.time_limit), threads=cfg.threads)
+    """VP-OR-style (paper, Stages 1-2): predict the solution space from the history, then Thompson-sampling
+    fixings solved as sub-MIPs with group-wise relaxation, until the time limit. Sampling uses `rng`, by
+    default `ts_stream(cfg.seed)`."""
+    trained = _train_offline(history, history_milps, cfg)
     model = read_model(path, cfg.verbose)
-    _setup(model, cfg)
-    rec = _make_recorder()
-    model.includeEventhdlr(rec, "icml_incumbents", "records incumbents on wall-clock time")
+    rec = _open(model, cfg)
     t0 = rec.t0 = time.perf_counter()
-    deadline = t0 + cfg.time_limit
-    vars_ = model.getVars()
-    names = [v.name for v in vars_]
-    sense = model.getObjectiveSense()
-    kind = np.array(["B" if v.vtype() == "BINARY" else "I" if v.vtype() == "INTEGER" else "C" for v in vars_])
-    inf = model.infinity()
-    lb0 = np.array([v.getLbOriginal() for v in vars_], dtype=float)
-    ub0 = np.array([v.getUbOriginal() for v in vars_], dtype=float)
-    lb0[lb0 <= -inf] = -math.inf
-    ub0[ub0 >= inf] = math.inf
+    inst = _Instance.of(model)
     hist = [h for h in history if h is not None]
-    details = {"predictor": cfg.predictor, "history": len(hist)}
-    if cfg.predictor == "gnn" and history_milps is not None:
-        from .predict import predict_gnn
-
-        new_milp = milp_from_model(model, str(path))
-        pred = predict_gnn(net, new_milp, history, cfg.device, cfg.decay)
-        info = gnn_info
-        pred = Prediction(names, kind, _align(pred.p, pred.names, names), _align(pred.lo, pred.names, names),
-                          _align(pred.hi, pred.names, names), lb0, ub0)
-        details["gnn"] = info
-    else:
-        pred = marginal_prediction(names, kind, lb0, ub0, hist, cfg.decay)
-    details["stage1_s"] = round(time.perf_counter() - t0, 4)
+    pred, extra = _stage1(model, inst, path, history, cfg, trained)
+    details = {"predictor": cfg.predictor, "history": len(hist), **extra,
+               "stage1_s": round(time.perf_counter() - t0, 4)}
+    rng = rng if rng is not None else ts_stream(cfg.seed).numpy()
     ts = ThompsonFixer(pred, cfg.fix_ratio, cfg.prior_strength, rng)
     details["eligible"] = ts.n_eligible
-    sub_limit = cfg.submip_limit or max(0.5, cfg.time_limit / 5)
-    best_x, best_obj, status = None, None, None
-    n_sub, relaxations, rewards, fixed_counts = 0, 0, 0, []
-    ratio = cfg.fix_ratio
-    proven = None  # 'infeasible' / 'unbounded' when the unrestricted problem says so
-
-    def better(o):
-        return best_obj is None or (o < best_obj - 1e-9 if sense == "minimize" else o > best_obj + 1e-9)
-
-    while time.perf_counter() < deadline - 0.05 and proven is None:
-        sel = ts.sample(ratio if hist else 0.0)
-        groups = sel.groups(cfg.groups)
-        released = 0
-        found = None
-        while True:
-            remaining = deadline - time.perf_counter()
-            if remaining <= 0.05:
-                break
-            keep = np.sort(np.concatenate([np.zeros(0, dtype=int)] + groups[released:])).astype(int)
-            # groups hold positions in sel (least confident first); keep the rest fixed
-            for k in keep:
-                j = sel.idx[k]
-                model.chgVarLb(vars_[j], float(max(sel.new_lb[k], lb0[j])))
-                model.chgVarUb(vars_[j], float(min(sel.new_ub[k], ub0[j])))
-            if best_x is not None and ts.consistent(sel, best_x, keep):
-                s = model.createSol()
-                for v, val in zip(vars_, best_x):
-                    model.setSolVal(s, v, float(val))
-                model.addSol(s, free=True)
-            # nothing fixed = the instance itself: give it all the remaining time (restarting it every
-            # sub-MIP limit would only throw its search away)
-            model.setParam("limits/time", max(0.05, remaining if len(keep) == 0 else min(sub_limit, remaining)))
-            model.optimize()
-            n_sub += 1
-            st = model.getStatus()
-            x = _values(model, vars_)
-            model.freeTransform()
-            for k in keep:  # restore the instance's bounds
-                j = sel.idx[k]
-                model.chgVarLb(vars_[j], float(lb0[j]) if np.isfinite(lb0[j]) else -inf)
-                model.chgVarUb(vars_[j], float(ub0[j]) if np.isfinite(ub0[j]) else inf)
-            fixed_counts.append(len(keep))
-            if x is not None:
-                found = (x, st == "optimal" and len(keep) == 0)
-                if st in ("unbounded", "inforunbd"):
-                    proven = "unbounded"
-                break
-            if len(keep) == 0:  # the unrestricted instance
-                if st in ("infeasible", "unbounded", "inforunbd"):
-                    proven = {"infeasible": "infeasible", "unbounded": "unbounded"}.get(st, "infeasible_or_unbounded")
-                break
-            if st in ("unbounded", "inforunbd") and len(keep) > 0:
-                pass  # restricted problem unbounded: release fixings too
-            # infeasible (or no solution within the sub-MIP limit): release the next group
-            released += 1
-            relaxations += 1
-        if found is not None:
-            x, opt_full = found
-            obj = float(model.getObjoffset() + sum(v.getObj() * val for v, val in zip(vars_, x)))
-            if better(obj):
-                best_x, best_obj = x, obj
-                rewards += 1
-                ts.update(x)  # reward 1: posterior toward the new incumbent
-            elif released == 0 and st == "optimal":
-                ratio = max(0.0, ratio - 0.1)  # ours: neighbourhood exhausted, fix fewer next time
-            if opt_full:
-                status = "optimal"
-                break
-            if released > 0:
-                ratio = ratio * (1 - released / max(len(groups), 1))  # ours: keep the ratio that worked
-    elapsed = time.perf_counter() - t0
-    if proven is not None:
-        status = proven
-    elif best_x is not None:
-        status = status or "feasible"
-    else:
-        status = "no_solution"
-    details.update(n_submips=n_sub, relaxations=relaxations, rewards=rewards,
-                   n_fixed=int(fixed_counts[0]) if fixed_counts else 0,
-                   n_fixed_mean=round(float(np.mean(fixed_counts)), 2) if fixed_counts else 0.0,
-                   final_fix_ratio=round(ratio, 4))
-    res = MethodResult("vpor", status, solve_time=elapsed, values=best_x, names=names, details=details)
-    return _finish(res, path, sense, rec.records, cfg, reference)
+    search = _VporSearch(model, inst, ts, cfg, deadline=t0 + cfg.time_limit)
+    search.run(with_history=bool(hist))
+    details.update(search.details())
+    res = MethodResult("vpor", search.status(), solve_time=time.perf_counter() - t0, values=search.best_x,
+                       names=inst.names, details=details)
+    return _finish(res, path, inst.sense, rec.records, cfg, reference)
 
 
 def _align(arr, src_names, dst_names):
@@ -448,24 +497,43 @@ def _align(arr, src_names, dst_names):
     return np.array([arr[pos[n]] for n in dst_names])
 
 
+def _run_scip(path, history, cfg, history_paths, history_milps, reference):
+    return solve_scip(path, cfg, None, reference)
+
+
+def _run_warm(path, history, cfg, history_paths, history_milps, reference):
+    last = next((h for h in reversed(history) if h is not None), None)
+    if last is not None:
+        return solve_scip(path, cfg, last, reference)
+    res = solve_scip(path, cfg, None, reference)
+    res.method = "warm"
+    res.details["note"] = "no history solution: ran plain SCIP"
+    return res
+
+
+def _run_reopt(path, history, cfg, history_paths, history_milps, reference):
+    return solve_reopt(path, history_paths[-1] if history_paths else None, cfg, reference)
+
+
+def _run_vpor(path, history, cfg, history_paths, history_milps, reference):
+    return solve_vpor(path, history, cfg, history_milps, reference)
+
+
+RUNNERS = {"vpor": _run_vpor, "scip": _run_scip, "warm": _run_warm, "reopt": _run_reopt}
+
+
 def solve_one(method: str, path, history: list, cfg: SolveConfig, history_paths: list | None = None,
               history_milps: list | None = None, reference=None) -> MethodResult:
     """Run `method` on instance `path` with the history solutions (name -> value dicts, oldest first)."""
     cfg.validate()
     check_instance_path(path)
-    if method == "scip":
-        return solve_scip(path, cfg, None, reference)
-    if method == "warm":
-        last = next((h for h in reversed(history) if h is not None), None)
-        if last is None:
-            res = solve_scip(path, cfg, None, reference)
-            res.method = "warm"
-            res.details["note"] = "no history solution: ran plain SCIP"
-            return res
-        return solve_scip(path, cfg, last, reference)
-    if method == "reopt":
-        prev = history_paths[-1] if history_paths else None
-        return solve_reopt(path, prev, cfg, reference)
-    if method == "vpor":
-        return solve_vpor(path, history, cfg, history_milps, reference)
-    raise BadInputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    check_methods([method])
+    return RUNNERS[method](path, history, cfg, history_paths, history_milps, reference)
+
+
+def method_job(args) -> MethodResult:
+    """`solve_one` on one tuple (method, path, history, cfg, history_paths, with_milps), for process pools;
+    the GNN predictor's history MILPs are read in the worker."""
+    method, path, history, cfg, history_paths, with_milps = args
+    milps = [read_milp(h) for h in history_paths] if (with_milps and method == "vpor") else None
+    return solve_one(method, path, history, cfg, history_paths=history_paths, history_milps=milps)

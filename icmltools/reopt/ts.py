@@ -14,6 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import Stream, derive
+
+
+def ts_stream(seed: int) -> Stream:
+    """The Thompson-sampling stream of a VP-OR solve (Beta draws and tie-breaking)."""
+    return derive(seed, "reopt", "thompson")
 
 
 @dataclass
@@ -49,16 +55,19 @@ class Selection:
 
 
 class ThompsonFixer:
+    """Paper, Stage 2: a Beta posterior per eligible variable; `sample` picks the fixings of one iteration,
+    `update` is the reward-1 posterior step. `rng` defaults to `ts_stream(seed)`."""
+
     def __init__(self, pred: Prediction, fix_ratio: float = 0.7, prior_strength: float = 10.0,
-                 rng: np.random.Generator | None = None, step: float = 1.0):
+                 rng: np.random.Generator | None = None, step: float = 1.0, seed: int = 0):
         if not (0.0 <= fix_ratio <= 1.0):
-            raise BadInputError(f"fix ratio {fix_ratio} must be in [0, 1]")
+            raise BadInputError(f"must be in [0, 1], got {fix_ratio}", param="fix_ratio")
         if prior_strength < 0:
-            raise BadInputError("prior strength K must be >= 0")
+            raise BadInputError(f"must be >= 0, got {prior_strength}", param="prior_strength")
         self.pred = pred
         self.fix_ratio = fix_ratio
         self.step = step
-        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.rng = rng if rng is not None else ts_stream(seed).numpy()
         p = np.clip(np.nan_to_num(pred.p.astype(float), nan=0.5), 0.0, 1.0)
         self.alpha = 1.0 + prior_strength * p
         self.beta = 1.0 + prior_strength * (1.0 - p)
@@ -80,6 +89,8 @@ class ThompsonFixer:
         return int(round(r * self.n_eligible))
 
     def sample(self, ratio: float | None = None) -> Selection:
+        """mu ~ Beta(alpha, beta); fix the `ratio` share of eligible variables with the smallest
+        min(mu, 1 - mu) (binaries, to round(mu)) or 1 - mu (integers, to their predicted interval)."""
         e = self.eligible
         if len(e) == 0:
             z = np.zeros(0)
@@ -104,7 +115,8 @@ class ThompsonFixer:
         return bool(np.all(v >= sel.new_lb[k] - tol) and np.all(v <= sel.new_ub[k] + tol))
 
     def update(self, x: np.ndarray) -> None:
-        """Reward 1: move every eligible variable's posterior toward solution `x`."""
+        """Reward 1 (an improved incumbent): alpha += step * hit, beta += step * (1 - hit) for every eligible
+        variable, hit = x_j (binaries) or [x_j in the predicted interval] (integers); no update on reward 0."""
         e = self.eligible
         v = x[e]
         is_bin = self.pred.kind[e] == "B"
