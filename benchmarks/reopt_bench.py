@@ -20,14 +20,16 @@ import time
 
 
 def main(argv=None):
+    from icmltools.reopt.options import METHODS, BenchConfig
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=5.0)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--instances", type=int, default=6)
-    ap.add_argument("--first", type=int, default=3)
-    ap.add_argument("--size", default="small")
-    ap.add_argument("--modes", default="rhs,bnd,obj")
-    ap.add_argument("--problems", default="setcover")
+    ap.add_argument("--time-limit", type=float, default=BenchConfig.time_limit)
+    ap.add_argument("--seeds", type=int, default=BenchConfig.seeds)
+    ap.add_argument("--instances", type=int, default=BenchConfig.instances)
+    ap.add_argument("--first", type=int, default=BenchConfig.first)
+    ap.add_argument("--size", default=BenchConfig.size)
+    ap.add_argument("--modes", default=",".join(BenchConfig.modes))
+    ap.add_argument("--problems", default=",".join(BenchConfig.problems))
     ap.add_argument("--history-limit", type=float, default=None)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default=None, help="keep the generated series here (default: a temp folder)")
@@ -44,18 +46,16 @@ def main(argv=None):
     try:
         with contextlib.ExitStack() as st:
             out = a.out or st.enter_context(tempfile.TemporaryDirectory(prefix="reopt_bench_"))
-            cfg = api.SolveConfig(time_limit=a.time_limit, seed=0)
-            specs = api.bench_specs(a.problems.split(","), a.modes.split(","), a.size, a.seeds, a.instances, 0.2,
-                                    a.time_limit)
+            bench = BenchConfig(tuple(a.problems.split(",")), tuple(a.modes.split(",")), a.size, a.seeds,
+                                a.instances, a.first, time_limit=a.time_limit)
 
             def show(rec):
                 gaps = " ".join(f"{r['method']}={r['primal_gap']:.4f}" for r in rec["results"]
                                 if r["primal_gap"] is not None)
                 print(f"[{time.perf_counter() - t0:6.0f}s] {rec['series']} #{rec['index']}: {gaps}", file=sys.stderr)
 
-            res = api.run_bench(specs, ["vpor", "scip", "warm", "reopt"], cfg, out, first=a.first,
-                                history_limit=a.history_limit, cache_dir=os.path.join(out, "cache"), jobs=a.jobs,
-                                on_record=show)
+            res = api.bench(bench, METHODS, api.SolveConfig(seed=0), out, history_limit=a.history_limit,
+                            jobs=a.jobs, on_record=show)
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
