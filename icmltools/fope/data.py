@@ -4,7 +4,7 @@ synthetic passkey-retrieval task (token level, generated in-process).
 Default corpus: the CPython standard library's `.py` sources on this machine (no download), without
 test suites, `encodings/`, `lib2to3/` and any site-packages, in sorted path order; its SHA-256 goes in
 the JSON because it differs between Python versions. Train/validation are split by file (a file's
-path hash decides), so no validation byte is ever in a training window. A user `--text` file is split
+path hash decides), so no validation byte is ever in a training window. A user text file is split
 contiguously: the first 90% trains, the last 10% validates.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def default_corpus(val_every: int = 10, root: str | os.PathLike | None = None) -
 def _default_corpus(val_every: int, root: str | None) -> TextData:
     root, files = stdlib_files(root)
     if not files:
-        raise BadInputError(f"default corpus: no .py files under {root}", hint="pass --text FILE")
+        raise BadInputError(f"default corpus: no .py files under {root}", hint="train on a text file instead")
     sha = hashlib.sha256()
     train, val = [], []
     for f in files:
@@ -74,16 +74,16 @@ def load_text(path: str | os.PathLike, val_frac: float = 0.1) -> TextData:
     """A user text file at byte level; refuses empty and binary files (NUL bytes or invalid UTF-8)."""
     p = Path(path)
     if not p.is_file():
-        raise BadInputError(f"--text {p}: no such file")
+        raise BadInputError(f"{p}: no such file", param="text_file")
     data = p.read_bytes()
     if not data.strip():
-        raise BadInputError(f"--text {p}: file is empty")
+        raise BadInputError(f"{p}: file is empty", param="text_file")
     if b"\0" in data[:1 << 20]:
-        raise BadInputError(f"--text {p}: looks binary (contains NUL bytes), expected UTF-8 text")
+        raise BadInputError(f"{p}: looks binary (contains NUL bytes), expected UTF-8 text", param="text_file")
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise BadInputError(f"--text {p}: not valid UTF-8 text (byte {e.start}: {e.reason})") from None
+        raise BadInputError(f"{p}: not valid UTF-8 text (byte {e.start}: {e.reason})", param="text_file") from None
     arr = np.frombuffer(data, dtype=np.uint8)
     cut = int(round(arr.size * (1 - val_frac)))
     info = {"source": str(p), "bytes": int(arr.size), "train_bytes": cut, "val_bytes": int(arr.size - cut),
@@ -91,13 +91,19 @@ def load_text(path: str | os.PathLike, val_frac: float = 0.1) -> TextData:
     return TextData(arr[:cut], arr[cut:], info)
 
 
-def check_lengths(data: TextData, train_length: int, max_eval_length: int, name: str = "corpus") -> None:
-    if data.train.size < train_length + 1:
-        raise BadInputError(f"{name}: train length {train_length} is longer than the training split "
-                            f"({data.train.size} bytes)", hint="use a shorter --train-length or a larger --text")
-    if data.val.size < max_eval_length + 1:
-        raise BadInputError(f"{name}: longest evaluation length {max_eval_length} is longer than the validation "
-                            f"split ({data.val.size} bytes)", hint="use smaller --eval-factors or a larger --text")
+def check_lengths(data: TextData, train_length: int, max_eval_length: int, name: str | None = None) -> None:
+    """Both splits hold at least one window: the training split one of `train_length + 1` bytes, the
+    validation split one of `max_eval_length + 1`. The message names the data (the user's file or the corpus)."""
+    source = data.info.get("source")
+    name = name or (str(source) if source not in (None, "python-stdlib") else "default corpus")
+    for split, what, length, param, fix in ((data.train, "train length", train_length, "train_length",
+                                             "a shorter training length"),
+                                            (data.val, "longest evaluation length", max_eval_length, "eval_factors",
+                                             "smaller evaluation factors")):
+        if split.size < length + 1:
+            part = "training" if split is data.train else "validation"
+            raise BadInputError(f"{name}: {what} {length} is longer than the {part} split ({split.size} bytes)",
+                                param=param, hint=f"use {fix} or a larger text file")
 
 
 def sample_windows(stream: np.ndarray, batch: int, length: int, gen: torch.Generator) -> torch.Tensor:

@@ -25,14 +25,14 @@ import math
 
 import torch
 
-from icmltools.nn.position import PositionEmbedding, apply_rotary, rope_inv_freq
+from icmltools.nn.position import PositionEmbedding, rope_inv_freq, rotate_qk
 
-PADS = {"official": (1.0, 1.0), "vllm": (1.0, 0.0)}  # (cos pad, sin pad)
+from .options import PADS  # (cos pad, sin pad) per padding name
 
 
 def kept_frequencies(head_dim: int, train_length: int, theta: float = 10000.0) -> torch.Tensor:
-    """RoPE frequencies that complete at least one period within the training length:
-    omega_i >= 2*pi/N (the others become zero-frequency and are dropped)."""
+    """Clip-floor (paper Sec. 4, zero-frequency components): the RoPE frequencies that complete at least one
+    period within the training length, omega_i >= 2*pi/N; the others become zero-frequency and are dropped."""
     inv = rope_inv_freq(head_dim, theta)
     return inv[inv >= 2 * math.pi / train_length]
 
@@ -45,7 +45,8 @@ def kept_count_formula(head_dim: int, train_length: int, theta: float = 10000.0)
 
 
 def step_eye(n_heads: int, d_in: int, d_out: int) -> torch.Tensor:
-    """(H, D, d) zeros with 1 at [.., i*ceil(D/d), i] (the identity when D == d)."""
+    """(H, D, d) zeros with 1 at [.., i*ceil(D/d), i] (the identity when D == d): the dominant frequency of
+    each Fourier series at initialisation (official `fourier_init=eye_xavier_norm`)."""
     out = torch.zeros(n_heads, d_in, d_out)
     if d_in == 0 or d_out == 0:
         return out
@@ -57,7 +58,8 @@ def step_eye(n_heads: int, d_in: int, d_out: int) -> torch.Tensor:
 
 
 class FourierEmbedding(PositionEmbedding):
-    """FoPE for one attention layer: a drop-in replacement of `RotaryEmbedding` (same call signature).
+    """FoPE for one attention layer (paper Eq. 8-10, clip-floor of Sec. 4): a drop-in replacement of
+    `RotaryEmbedding` (same call signature).
 
     Args:
         head_dim: per-head width hd (even).
@@ -102,23 +104,13 @@ class FourierEmbedding(PositionEmbedding):
         eye = step_eye(self.n_heads, d_in, d_out)
         self.register_buffer("sin_coef", sin_coef + eye)
         self.register_buffer("cos_coef", cos_coef + eye)
-        self._cache: dict = {}
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, n_heads={self.n_heads}, N={self.train_length}, D={self.d_in}, "
                 f"d={self.d_out}, sigma={self.sigma}, clip_floor={self.clip_floor}, pad={self.pad}")
 
-    def _apply(self, fn, *args, **kwargs):
-        self._cache = {}
-        return super()._apply(fn, *args, **kwargs)
-
-    def cos_sin(self, length: int, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin tables of shape (1, H, length, hd), float32 (Fourier series of the kept frequencies)."""
-        device = device or self.sin_coef.device
-        key = (int(length), int(offset), str(device), self.sin_coef._version, self.cos_coef._version)
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
+    def _tables(self, length: int, offset: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The Fourier series of the kept frequencies (Eq. 8-10): sin(t w) @ S_h, cos(t w) @ C_h, padded."""
         with torch.no_grad():
             t = torch.arange(offset, offset + length, device=device, dtype=torch.float32)
             phase = torch.outer(t, self.freqs.to(device))                                  # (T, D)
@@ -130,16 +122,16 @@ class FourierEmbedding(PositionEmbedding):
                 cos_pad, sin_pad = PADS[self.pad]
                 cos = torch.nn.functional.pad(cos, (0, half - self.d_out), value=cos_pad)
                 sin = torch.nn.functional.pad(sin, (0, half - self.d_out), value=sin_pad)
-            cos = torch.cat((cos, cos), dim=-1)[None]
-            sin = torch.cat((sin, sin), dim=-1)[None]
-        if len(self._cache) > 16:
-            self._cache.clear()
-        self._cache[key] = (cos, sin)
-        return cos, sin
+            return torch.cat((cos, cos), dim=-1)[None], torch.cat((sin, sin), dim=-1)[None]
+
+    def cos_sin(self, length: int, offset: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin tables of shape (1, H, length, hd), float32 (Fourier series of the kept frequencies)."""
+        device = device or self.sin_coef.device
+        key = (int(length), int(offset), str(device), self.sin_coef._version, self.cos_coef._version)
+        return self.cached(key, lambda: self._tables(length, offset, device))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, offset: int = 0):
         """Rotate q and k (B, H, T, hd) with the same per-head Fourier tables (float32 math)."""
         if q.shape[1] != self.n_heads or q.shape[-1] != self.head_dim:
             raise ValueError(f"FoPE built for {self.n_heads} heads x {self.head_dim}, got q of shape {tuple(q.shape)}")
-        cos, sin = self.cos_sin(q.shape[-2], offset, q.device)
-        return (apply_rotary(q.float(), cos, sin).to(q.dtype), apply_rotary(k.float(), cos, sin).to(k.dtype))
+        return rotate_qk(q, k, *self.cos_sin(q.shape[-2], offset, q.device))
