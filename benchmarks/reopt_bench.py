@@ -19,6 +19,28 @@ import tempfile
 import time
 
 
+def _report(res: dict) -> dict:
+    """Per-group tables, gap ratios, and the acceptance check (VP-OR's median gap <= half of SCIP's on rhs/bnd)."""
+    table = {}
+    for group, summ in res["by_series_group"].items():
+        table[group] = {m: {k: s.get(k) for k in ("n", "wins", "median_gap", "geomean_gap", "mean_primal_integral",
+                                                   "median_time_to_first", "feasible")}
+                        for m, s in summ["methods"].items()}
+    checks = {}
+    for group, summ in res["by_series_group"].items():
+        if group.endswith("/rhs") or group.endswith("/bnd"):
+            v, s_ = summ["methods"]["vpor"]["median_gap"], summ["methods"]["scip"]["median_gap"]
+            checks[group] = {"vpor_median_gap": v, "scip_median_gap": s_,
+                             "ratio": (s_ / v) if v > 0 else ("inf" if s_ > 0 else 1.0),
+                             "passes_2x": bool(s_ > 0 and s_ >= 2.0 * v)}
+    return {"n_instances": res["n_instances"], "table": table,
+            "ratios": {g: s["ratios"] for g, s in res["by_series_group"].items()},
+            "overall": res["overall"], "acceptance_2x_median_gap": checks,
+            "notes": "reference per instance = best of a plain-SCIP history solve (same limit unless "
+                     "--history-limit) and all methods; gaps |pb-ref|/max(|pb|,|ref|); geomean shifted by 1e-4; "
+                     "ratio = baseline / VP-OR (inf when VP-OR's median gap is 0 and the baseline's is not)"}
+
+
 def main(argv=None):
     from icmltools.reopt.options import METHODS, BenchConfig
 
@@ -60,25 +82,7 @@ def main(argv=None):
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-    table = {}
-    for group, summ in res["by_series_group"].items():
-        table[group] = {m: {k: s.get(k) for k in ("n", "wins", "median_gap", "geomean_gap", "mean_primal_integral",
-                                                   "median_time_to_first", "feasible")}
-                        for m, s in summ["methods"].items()}
-    checks = {}
-    for group, summ in res["by_series_group"].items():
-        if group.endswith("/rhs") or group.endswith("/bnd"):
-            v, s_ = summ["methods"]["vpor"]["median_gap"], summ["methods"]["scip"]["median_gap"]
-            checks[group] = {"vpor_median_gap": v, "scip_median_gap": s_,
-                             "ratio": (s_ / v) if v > 0 else ("inf" if s_ > 0 else 1.0),
-                             "passes_2x": bool(s_ > 0 and s_ >= 2.0 * v)}
-    doc = {"benchmark": "reopt", "config": vars(a), "wall_s": round(time.perf_counter() - t0, 1),
-           "n_instances": res["n_instances"], "table": table,
-           "ratios": {g: s["ratios"] for g, s in res["by_series_group"].items()},
-           "overall": res["overall"], "acceptance_2x_median_gap": checks,
-           "notes": "reference per instance = best of a plain-SCIP history solve (same limit unless --history-limit) "
-                    "and all methods; gaps |pb-ref|/max(|pb|,|ref|); geomean shifted by 1e-4; "
-                    "ratio = baseline / VP-OR (inf when VP-OR's median gap is 0 and the baseline's is not)"}
+    doc = {"benchmark": "reopt", "config": vars(a), "wall_s": round(time.perf_counter() - t0, 1), **_report(res)}
     print(dumps(doc))
 
 
