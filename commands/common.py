@@ -291,8 +291,9 @@ class CommandRun:
 
     def __init__(self, ctx: click.Context, command: str, *, seed: int | None = None, device: str | None = None,
                  threads: int | None = None, packages: tuple = ("numpy", "torch"), seed_torch: bool = True,
-                 reference: dict | None = None, param_flags: dict | None = None):
+                 reference: dict | None = None, param_flags: dict | None = None, writes: bool = True):
         self.ctx = ctx
+        self.writes = writes  # False on a non-writing process (DDP rank > 0): no envelope, no run-folder files
         self.command = command
         self.reference = reference
         self.param_flags = param_flags
@@ -428,6 +429,8 @@ class CommandRun:
         from icmltools.core.jsonio import atomic_write_json
         from icmltools.core.runs import make_run_dir
 
+        if not self.writes:
+            return Path(out) if out is not None else None
         existed = out is not None and Path(out).exists() and any(Path(out).iterdir())
         d = make_run_dir(self.command, out, allow_existing=allow_existing)
         self.run_dir, self._made_dir = d, not existed
@@ -476,7 +479,9 @@ class CommandRun:
         if isinstance(exc, IcmlError):
             _annotate(exc, self.ctx, self.param_flags)
         try:
-            if exc_type is None:
+            if exc_type is None and not self.writes:
+                self._restore_stdout()
+            elif exc_type is None:
                 self._finish_dir(ok=True)
                 doc = self.envelope()
                 indent = 2 if (not self._streamed and _is_tty(self._out)) else None

@@ -85,18 +85,12 @@ def cli(ctx, pes, preset, task, text_file, train_length, d_model, n_layers, n_he
     and (for --task passkey) passkey-retrieval accuracy at N, 2N, 4N, 8N. --eval reloads a checkpoint
     and evaluates it at new lengths. Runs under torchrun (DDP) unchanged.
     """
-    import contextlib
-    import os
-
     from icmltools.fope.dist import process_info
 
     _check_modes(ckpt_dir, resume, no_save, out, extend_factor)
-    proc = process_info()
-    with contextlib.ExitStack() as stack:
-        if not proc.writes:  # torchrun ranks > 0 print nothing (until CommandRun takes writes=False)
-            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
-        run = stack.enter_context(common.CommandRun(ctx, "fope-train", seed=seed, device=device, threads=threads,
-                                                    packages=("numpy", "torch"), reference=options.REFERENCE))
+    proc = process_info()  # torchrun ranks > 0 print nothing and write nothing
+    with common.CommandRun(ctx, "fope-train", seed=seed, device=device, threads=threads, packages=("numpy", "torch"),
+                           reference=options.REFERENCE, writes=proc.writes) as run:
         from icmltools.fope import api
 
         if ckpt_dir:
@@ -110,9 +104,8 @@ def cli(ctx, pes, preset, task, text_file, train_length, d_model, n_layers, n_he
                                 steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, sigma=sigma, theta=theta,
                                 pad=pad, eval_factors=eval_factors, eval_samples=eval_samples, ckpt_every=ckpt_every,
                                 compile=compile_ or None, passkey_digits=passkey_digits)
-        save_to = None
-        if not no_save:  # rank 0 makes the run folder; the other ranks only read --out to resume
-            save_to = run.make_dir(out, allow_existing=resume, config=cfg.to_dict()) if proc.writes else out
+        # rank 0 makes the run folder; on the other ranks make_dir only returns --out (to resume from)
+        save_to = None if no_save else run.make_dir(out, allow_existing=resume, config=cfg.to_dict())
         with run.timer.phase("train+eval"), run.progress() as cb:
             run.result = api.compare(pes, cfg, data, run.device, seed=seed, out_dir=save_to, extend=extend,
                                      resume=resume, progress=cb, stream=run.stream if jsonl else None, preset=preset)
