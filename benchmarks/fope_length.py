@@ -109,10 +109,19 @@ def task_config(task: str, args):
     return cfg, args.passkey_pes.split(",")
 
 
-def task_data(task: str, cfg):
-    from icmltools.fope.data import PasskeyTask, default_corpus
+def _corpus():
+    """The default corpus, or the copy of a stdlib under --corpus-root (passed to workers by environment)."""
+    import os
 
-    return default_corpus() if task == "text" else PasskeyTask(cfg.passkey_digits)
+    from icmltools.fope.data import default_corpus
+
+    return default_corpus(root=os.environ.get("FOPE_BENCH_CORPUS_ROOT") or None)
+
+
+def task_data(task: str, cfg):
+    from icmltools.fope.data import PasskeyTask
+
+    return _corpus() if task == "text" else PasskeyTask(cfg.passkey_digits)
 
 
 def _init_worker() -> None:
@@ -178,6 +187,9 @@ def _parse(argv):
                     help="units (task, seed, pe) run at a time, each a process with one torch thread")
     ap.add_argument("--no-speed", action="store_true", help="skip the interleaved step-time measurement")
     ap.add_argument("--out", default=None, help="also write the (partial, then final) JSON here")
+    ap.add_argument("--corpus-root", default=None,
+                    help="read the default corpus from this copy of a Python stdlib (another machine's Python "
+                         "has other sources: compare result.data.sha256)")
     return ap.parse_args(argv)
 
 
@@ -189,6 +201,10 @@ def main(argv=None) -> int:
     from icmltools.core.jsonio import atomic_write_json, dumps
 
     set_threads(1)
+    if args.corpus_root:
+        import os
+
+        os.environ["FOPE_BENCH_CORPUS_ROOT"] = args.corpus_root
     seeds = [int(s) for s in args.seeds.split(",")]
     extend = tuple(e for e in args.extend.split(",") if e)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -217,9 +233,8 @@ def main(argv=None) -> int:
     if not args.no_speed:
         print("[fope_length] interleaved step timing rope vs fope", file=sys.stderr, flush=True)
         from icmltools.fope.api import make_config
-        from icmltools.fope.data import default_corpus
 
-        doc["speed"] = time_steps(make_config("quick"), default_corpus())
+        doc["speed"] = time_steps(make_config("quick"), _corpus())
     doc["wall_s"] = time.perf_counter() - t0
     doc["cpu_s"] = time.process_time() - c0 + (sum(u["cpu_s"] for u in units_out) if args.jobs > 1 else 0.0)
     if args.out:
