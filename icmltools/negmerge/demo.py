@@ -5,93 +5,49 @@ Nothing is downloaded: the data come from ``sklearn.datasets.make_classification
 accuracy on the retain, forget and test sets; MIA-efficacy (an RBF SVC on the true-class confidence,
 trained to separate retain members from test non-members; the score is the fraction of forget samples
 it calls non-members, SalUn's ``SVC_MIA``); Avg.Gap = mean |metric - Retrain's metric| over the four.
+
+Every random stream comes from ``core.seed.derive(seed, stage, ...)`` (see :func:`run_seed`), so each stage
+run alone gives the numbers it gives inside the demo; nothing reads or seeds the global generators.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Callable
+
+from icmltools.core.seed import as_stream, derive
 
 from . import merge as M
 from . import search as S
+from .options import DEMO_METHODS as MERGE_METHODS
+from .options import DemoConfig
 
 log = logging.getLogger(__name__)
 
-MERGE_METHODS = ("negmerge", "uniform", "ties", "magmax")
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    # data (spec: make_classification, standardised, 1000 test, forget 10 % of train)
-    n_samples: int = 4000
-    n_features: int = 64
-    n_informative: int = 24
-    n_redundant: int = 8
-    n_classes: int = 10
-    n_clusters_per_class: int = 2
-    class_sep: float = 1.2
-    flip_y: float = 0.02
-    n_test: int = 1000
-    forget_frac: float = 0.10
-    # original / retrain: MLP 64-256-256-10, Adam 1e-3, 40 epochs
-    hidden: int = 256
-    epochs: int = 40
-    lr: float = 1e-3
-    batch: int = 128
-    # candidates: SGD momentum 0.9, cosine, lr 0.05, batch 32, epochs x weight decay x label smoothing
-    ft_epochs: tuple = (5, 10, 20)
-    ft_weight_decay: tuple = (0.0, 5e-4, 5e-3)
-    ft_label_smoothing: tuple = (0.0, 0.05, 0.1)
-    ft_lr: float = 0.05
-    ft_batch: int = 32
-    ft_momentum: float = 0.9
-    # lambda search and merges
-    # 0 .. 10 step 0.05: the selection rule needs a grid fine enough to resolve where each method's retain
-    # accuracy crosses 0.95 x the original's (from ~0.3 for MagMax to ~9 for the weakest candidates) and wide
-    # enough not to stop the weak candidates at the grid's end; a coarse grid (0 .. 6 step 0.25) picked
-    # MagMax at its first non-zero point and stopped 4 of the 27 candidates at its end (seed 0).
-    lam_grid: tuple = tuple(round(0.05 * i, 2) for i in range(201))
-    retain_ratio: float = 0.95
-    patience: int = 3             # stop a lambda search after 3 consecutive grid points below the retain threshold
-    methods: tuple = MERGE_METHODS
-    ties_k: float = 0.2
-    dare_p: float = 0.0
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> "DemoConfig":
-        """`quick` (the spec's demo, the default) or `tiny` (a seconds-long smoke run: smaller task,
-        8 candidates, coarse grid)."""
-        if name == "quick":
-            return cls(**overrides)
-        if name == "tiny":
-            base = dict(n_samples=1500, n_test=400, hidden=128, epochs=30, ft_epochs=(5, 10), ft_weight_decay=(0.0, 5e-3),
-                        ft_label_smoothing=(0.0, 0.1), lam_grid=tuple(0.5 * i for i in range(9)))
-            base.update(overrides)
-            return cls(**base)
-        raise ValueError(f"unknown demo preset {name!r}")
-
-    @property
-    def n_candidates(self) -> int:
-        return len(self.ft_epochs) * len(self.ft_weight_decay) * len(self.ft_label_smoothing)
+__all__ = ["MERGE_METHODS", "DemoConfig", "make_data", "train_from_scratch", "finetune_on_forget", "Evaluator",
+           "run_seed", "run_demo"]
 
 
 # --------------------------------------------------------------------------------------------- data, model
 
 
 def make_data(cfg: DemoConfig, seed: int, device: str = "cpu") -> dict:
-    """Generated task: standardised features; test / retain / forget tensors."""
-    import numpy as np
+    """Generated task: standardised features; test / retain / forget tensors.
+
+    Streams: the task from ``derive(seed, "data", "generate")``, the test/forget splits from
+    ``derive(seed, "data", "split")``."""
     import torch
     from sklearn.datasets import make_classification
 
     X, y = make_classification(n_samples=cfg.n_samples, n_features=cfg.n_features, n_informative=cfg.n_informative,
                                n_redundant=cfg.n_redundant, n_classes=cfg.n_classes,
                                n_clusters_per_class=cfg.n_clusters_per_class, class_sep=cfg.class_sep,
-                               flip_y=cfg.flip_y, random_state=seed)
-    rng = np.random.default_rng(seed)
+                               flip_y=cfg.flip_y, random_state=derive(seed, "data", "generate").int(32))
+    rng = derive(seed, "data", "split").numpy()
     perm = rng.permutation(len(y))
     te, tr = perm[: cfg.n_test], perm[cfg.n_test:]
     mu, sd = X[tr].mean(0), X[tr].std(0) + 1e-8
@@ -114,6 +70,22 @@ def make_mlp(cfg: DemoConfig):
     return nn.Sequential(nn.Linear(cfg.n_features, h), nn.ReLU(), nn.Linear(h, h), nn.ReLU(), nn.Linear(h, cfg.n_classes))
 
 
+def _empty_mlp(cfg: DemoConfig, device: str = "cpu"):
+    """The MLP with uninitialised weights (no random number drawn), to load a state_dict into."""
+    import torch
+
+    with torch.device("meta"):
+        model = make_mlp(cfg)
+    return model.to_empty(device=device)
+
+
+def _mlp_from(cfg: DemoConfig, state: dict, device: str = "cpu"):
+    """The MLP holding `state`."""
+    model = _empty_mlp(cfg, device)
+    model.load_state_dict(state)
+    return model
+
+
 def _batches(n: int, batch: int, gen, device):
     import torch
 
@@ -122,51 +94,54 @@ def _batches(n: int, batch: int, gen, device):
         yield perm[i:i + batch]
 
 
-def train_from_scratch(cfg: DemoConfig, X, y, seed: int, device: str = "cpu"):
-    """The memorising MLP (original on retain+forget, or retrain on retain only): Adam, cross-entropy."""
-    import torch
-
-    torch.manual_seed(seed)
-    model = make_mlp(cfg).to(device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(seed + 1)
-    lossf = torch.nn.CrossEntropyLoss()
+def _fit(model, opt, lossf, X, y, epochs: int, batch: int, gen, device, sched=None) -> dict:
+    """`epochs` passes of minibatch steps over (X, y) in the order drawn from `gen`; returns the state_dict."""
     model.train()
-    for _ in range(cfg.epochs):
-        for idx in _batches(len(y), cfg.batch, gen, device):
+    for _ in range(epochs):
+        for idx in _batches(len(y), batch, gen, device):
             opt.zero_grad(set_to_none=True)
             lossf(model(X[idx]), y[idx]).backward()
             opt.step()
+            if sched is not None:
+                sched.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def finetune_on_forget(cfg: DemoConfig, original: dict, X, y, epochs: int, wd: float, ls: float, seed: int,
-                       device: str = "cpu"):
-    """One candidate: SGD(momentum) with per-step cosine decay on the forget set."""
+def train_from_scratch(cfg: DemoConfig, X, y, seed, device: str = "cpu"):
+    """The memorising MLP (original on retain+forget, or retrain on retain only): Adam, cross-entropy.
+
+    `seed` is an int or a Stream; the initial weights come from its child "init", the batch order from
+    its child "batches" (the demo gives original and retrain the same stream: they differ only in data)."""
     import torch
 
-    model = make_mlp(cfg).to(device)
-    model.load_state_dict(original)
+    s = as_stream(seed)
+    with s.child("init").torch_init():
+        model = make_mlp(cfg)
+    model = model.to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    return _fit(model, opt, torch.nn.CrossEntropyLoss(), X, y, cfg.epochs, cfg.batch, s.child("batches").torch(),
+                device)
+
+
+def finetune_on_forget(cfg: DemoConfig, original: dict, X, y, epochs: int, wd: float, ls: float, seed,
+                       device: str = "cpu"):
+    """One candidate: SGD(momentum) with per-step cosine decay on the forget set; `seed` (int or Stream)
+    draws the batch order."""
+    import torch
+
+    model = _mlp_from(cfg, original, device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.ft_lr, momentum=cfg.ft_momentum, weight_decay=wd)
     steps = epochs * ((len(y) + cfg.ft_batch - 1) // cfg.ft_batch)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-    gen = torch.Generator().manual_seed(seed)
     lossf = torch.nn.CrossEntropyLoss(label_smoothing=ls)
-    model.train()
-    for _ in range(epochs):
-        for idx in _batches(len(y), cfg.ft_batch, gen, device):
-            opt.zero_grad(set_to_none=True)
-            lossf(model(X[idx]), y[idx]).backward()
-            opt.step()
-            sched.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return _fit(model, opt, lossf, X, y, epochs, cfg.ft_batch, as_stream(seed).torch(), device, sched)
 
 
 class Evaluator:
     """Accuracy and confidence of a state_dict on the demo's splits (one reusable module)."""
 
     def __init__(self, cfg: DemoConfig, data: dict, device: str = "cpu"):
-        self.model = make_mlp(cfg).to(device).eval()
+        self.model = _empty_mlp(cfg, device).eval()
         self.data = data
 
     def _logits(self, sd, X):
@@ -192,12 +167,14 @@ class Evaluator:
         return {"forget_acc": self.acc(sd, "forget"), "retain_acc": self.acc(sd, "retain")}
 
     def mia_efficacy(self, sd, seed: int) -> float:
-        """SalUn SVC_MIA (confidence): SVC on retain members vs test non-members; % of forget called non-member."""
+        """SalUn SVC_MIA (confidence): SVC on retain members vs test non-members; % of forget called non-member.
+
+        The member subsample comes from ``derive(seed, "mia")``: the same for every model of a seed."""
         import numpy as np
         from sklearn.svm import SVC
 
         c_re, c_te, c_fo = (self.confidence(sd, s) for s in ("retain", "test", "forget"))
-        rng = np.random.default_rng(seed)
+        rng = derive(seed, "mia").numpy()
         n = min(len(c_re), len(c_te))
         members = c_re[rng.choice(len(c_re), size=n, replace=False)]
         Xs = np.concatenate([members, c_te[:n]])[:, None]
@@ -215,6 +192,7 @@ GAP_KEYS = ("retain_acc", "forget_acc", "test_acc", "mia")
 
 
 def avg_gap(m: dict, ref: dict) -> float:
+    """SalUn's Avg.Gap: mean |metric - Retrain's metric| over retain/forget/test accuracy and MIA-efficacy."""
     return sum(abs(m[k] - ref[k]) for k in GAP_KEYS) / len(GAP_KEYS)
 
 
@@ -237,95 +215,120 @@ def merge_in_memory(base: dict, candidates: list, cfg: M.MergeConfig, device: st
     return M.merged_task_vector(MemoryReader(base), [MemoryReader(c) for c in candidates], cfg, device=device)
 
 
-@dataclass
-class SeedResult:
-    seed: int
-    methods: list
-    candidates: list
-    timing: dict = field(default_factory=dict)
+@contextlib.contextmanager
+def _timed(times: dict, key: str):
+    t0 = time.perf_counter()
+    yield
+    times[key] = time.perf_counter() - t0
 
 
-def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable | None = None,
-             keep_models: bool = False) -> dict:
-    """One seed of the demo; returns {"methods": [...], "candidates": [...], ...} (metrics in percent)."""
+def train_pair(cfg: DemoConfig, data: dict, seed: int, device: str = "cpu", progress: Callable | None = None):
+    """(original, retrain): the MLP on retain + forget, and the gold standard on retain only; both from
+    the stream ``derive(seed, "train")`` (same initial weights and batch order, different data)."""
     import torch
 
     prog = progress or (lambda *a: None)
-    times = {}
-    t0 = time.perf_counter()
-    data = make_data(cfg, seed, device)
-    Xr, yr = data["retain"]
-    Xf, yf = data["forget"]
-    Xtr, ytr = torch.cat([Xr, Xf]), torch.cat([yr, yf])
+    (Xr, yr), (Xf, yf) = data["retain"], data["forget"]
     prog("train original + retrain", 0, 2)
-    original = train_from_scratch(cfg, Xtr, ytr, seed, device)
+    original = train_from_scratch(cfg, torch.cat([Xr, Xf]), torch.cat([yr, yf]), derive(seed, "train"), device)
     prog("train original + retrain", 1, 2)
-    retrain = train_from_scratch(cfg, Xr, yr, seed, device)
+    retrain = train_from_scratch(cfg, Xr, yr, derive(seed, "train"), device)
     prog("train original + retrain", 2, 2)
-    times["train_s"] = time.perf_counter() - t0
+    return original, retrain
 
-    t0 = time.perf_counter()
-    grid = list(itertools.product(cfg.ft_epochs, cfg.ft_weight_decay, cfg.ft_label_smoothing))
-    cands, hps = [], []
-    for i, (ep, wd, ls) in enumerate(grid):
-        cands.append(finetune_on_forget(cfg, original, Xf, yf, ep, wd, ls, seed * 1000 + i, device))
-        hps.append({"epochs": ep, "weight_decay": wd, "label_smoothing": ls})
+
+def candidate_grid(cfg: DemoConfig) -> list[dict]:
+    """The candidates' fine-tuning hyperparameters: epochs x weight decay x label smoothing, in that order."""
+    return [{"epochs": ep, "weight_decay": wd, "label_smoothing": ls}
+            for ep, wd, ls in itertools.product(cfg.ft_epochs, cfg.ft_weight_decay, cfg.ft_label_smoothing)]
+
+
+def finetune_candidates(cfg: DemoConfig, original: dict, data: dict, seed: int, device: str = "cpu",
+                        progress: Callable | None = None) -> list[dict]:
+    """The N candidates (forget-set fine-tunes of `original`); candidate i's batches from
+    ``derive(seed, "finetune", i)``."""
+    prog = progress or (lambda *a: None)
+    Xf, yf = data["forget"]
+    grid = candidate_grid(cfg)
+    cands = []
+    for i, hp in enumerate(grid):
+        cands.append(finetune_on_forget(cfg, original, Xf, yf, hp["epochs"], hp["weight_decay"],
+                                        hp["label_smoothing"], derive(seed, "finetune", i), device))
         prog("fine-tune candidates", i + 1, len(grid))
-    times["finetune_s"] = time.perf_counter() - t0
+    return cands
 
-    t0 = time.perf_counter()
-    ev = Evaluator(cfg, data, device)
-    orig_sel = ev.selection(original)
-    lam_grid = list(cfg.lam_grid)
 
-    def searched(tau):
+class LambdaSearch:
+    """The official rule on the demo's built-in evaluator: theta = theta_pre - lam * tau over cfg.lam_grid,
+    lowest forget accuracy with retain >= ratio x the original's (:func:`search.search`)."""
+
+    def __init__(self, cfg: DemoConfig, ev: Evaluator, original: dict):
+        self.cfg, self.ev, self.original = cfg, ev, original
+        self.orig_sel = ev.selection(original)
+        self.grid = list(cfg.lam_grid)
+
+    def __call__(self, tau):
         def evaluate(lam):
             if lam == 0:
-                return dict(orig_sel)
-            return ev.selection(M.apply_to_state_dict(original, tau, lam))
-        return S.search(evaluate, lam_grid, orig_sel["retain_acc"], cfg.retain_ratio, patience=cfg.patience)
+                return dict(self.orig_sel)
+            return self.ev.selection(M.apply_to_state_dict(self.original, tau, lam))
 
-    # single task vectors (task arithmetic), each with its own lambda search
-    cand_rows = []
+        return S.search(evaluate, self.grid, self.orig_sel["retain_acc"], self.cfg.retain_ratio,
+                        patience=self.cfg.patience)
+
+
+def search_single_task_vectors(search: LambdaSearch, cands: list, hps: list, device: str = "cpu",
+                               progress: Callable | None = None) -> list[dict]:
+    """Each candidate alone (task arithmetic) with its own lambda search: one row per candidate."""
+    prog = progress or (lambda *a: None)
+    rows_out = []
     for i, c in enumerate(cands):
-        tau, st = merge_in_memory(original, [c], M.MergeConfig("task_arithmetic"), device)
-        rows, sel = searched(tau)
+        tau, _ = merge_in_memory(search.original, [c], M.MergeConfig("task_arithmetic"), device)
+        rows, sel = search(tau)
         r = rows[sel.index]
-        cand_rows.append({"index": i, **hps[i], "lam": sel.lam, "feasible": sel.feasible,
-                          "lam_at_grid_end": sel.lam == lam_grid[-1],
-                          "sel_forget_acc": r["forget_acc"], "sel_retain_acc": r["retain_acc"], "_tau": tau})
+        rows_out.append({"index": i, **hps[i], "lam": sel.lam, "feasible": sel.feasible,
+                         "lam_at_grid_end": sel.lam == search.grid[-1],
+                         "sel_forget_acc": r["forget_acc"], "sel_retain_acc": r["retain_acc"], "_tau": tau})
         prog("lambda search: single task vectors", i + 1, len(cands))
-    # validation ranking: lowest forget accuracy at the selected lambda, then higher retain
-    ranked = sorted(cand_rows, key=lambda r: (r["sel_forget_acc"], -r["sel_retain_acc"], r["index"]))
-    best, median = ranked[0], ranked[(len(ranked) - 1) // 2]
+    return rows_out
 
-    entries = []  # (name, state_dict or None for a single candidate, extra)
-    entries.append(("original", original, {}))
-    entries.append(("retrain", retrain, {}))
-    for name, row in (("task_arithmetic_best", best), ("task_arithmetic_median", median)):
-        # scored with the other single task vectors below (entry state None = take the candidate's metrics)
-        entries.append((name, None,
-                        {"lam": row["lam"], "candidate": row["index"], "feasible": row["feasible"],
-                         "hyperparameters": hps[row["index"]]}))
+
+def best_and_median(cand_rows: list[dict]) -> tuple[dict, dict]:
+    """Validation ranking: lowest forget accuracy at the selected lambda, then higher retain, then index."""
+    ranked = sorted(cand_rows, key=lambda r: (r["sel_forget_acc"], -r["sel_retain_acc"], r["index"]))
+    return ranked[0], ranked[(len(ranked) - 1) // 2]
+
+
+def search_merges(cfg: DemoConfig, search: LambdaSearch, cands: list, seed: int, device: str = "cpu",
+                  progress: Callable | None = None) -> list[tuple]:
+    """Every merge of cfg.methods with its lambda search: (name, unlearned state_dict, extra) per method."""
+    prog = progress or (lambda *a: None)
+    entries = []
     for j, meth in enumerate(cfg.methods):
         mc = M.MergeConfig(meth, ties_k=cfg.ties_k, dare_p=cfg.dare_p, seed=seed)
-        tau, st = merge_in_memory(original, cands, mc, device)
-        rows, sel = searched(tau)
+        tau, st = merge_in_memory(search.original, cands, mc, device)
+        rows, sel = search(tau)
         name = meth if cfg.dare_p == 0 else f"{meth}+dare"
-        entries.append((name, M.apply_to_state_dict(original, tau, sel.lam),
+        entries.append((name, M.apply_to_state_dict(search.original, tau, sel.lam),
                         {"lam": sel.lam, "feasible": sel.feasible, "kept_fraction": st.kept_fraction,
                          "lambda_curve": [{"lam": r["lam"], "forget_acc": r["forget_acc"],
                                            "retain_acc": r["retain_acc"]} for r in rows]}))
         prog("lambda search: merges", j + 1, len(cfg.methods))
-    times["search_s"] = time.perf_counter() - t0
+    return entries
 
-    t0 = time.perf_counter()
-    ref = ev.full(retrain, seed)
-    # every single task vector at its own selected lambda, so a merge can be placed within the whole
-    # distribution of "pick one candidate" outcomes (not only against the best and the median-ranked one)
+
+def score_candidates(ev: Evaluator, original: dict, cand_rows: list[dict], ref: dict, seed: int) -> list[float]:
+    """Every single task vector at its own selected lambda (full metrics and Avg.Gap into its row), so a merge
+    can be placed within the whole distribution of "pick one candidate" outcomes; returns the Avg.Gaps."""
     for r in cand_rows:
         m = ev.full(M.apply_to_state_dict(original, r["_tau"], r["lam"]), seed)
         r.update({**m, "avg_gap": avg_gap(m, ref)})
+    return [r["avg_gap"] for r in cand_rows]
+
+
+def score_methods(ev: Evaluator, entries: list[tuple], cand_rows: list[dict], ref: dict, seed: int) -> list[dict]:
+    """The method rows: metrics, Avg.Gap to retrain and the fraction of single task vectors each beats.
+    An entry with state None is a single candidate (its row's metrics are reused)."""
     cand_gaps = [r["avg_gap"] for r in cand_rows]
     methods = []
     for name, sd, extra in entries:
@@ -339,11 +342,39 @@ def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable
         row["beats_candidates"] = sum(g > row["avg_gap"] for g in cand_gaps) / len(cand_gaps)
         row.update(extra)
         methods.append(row)
-    times["metrics_s"] = time.perf_counter() - t0
+    return methods
+
+
+def run_seed(cfg: DemoConfig, seed: int, device: str = "cpu", progress: Callable | None = None,
+             keep_models: bool = False) -> dict:
+    """One seed of the demo; returns {"methods": [...], "candidates": [...], ...} (metrics in percent).
+
+    Stages and their streams: data ``derive(seed, "data", ...)``, original and retrain ``(seed, "train")``,
+    candidate i ``(seed, "finetune", i)``, DARE ``(seed, "dare", tensor, i)``, MIA ``(seed, "mia")``."""
+    times: dict = {}
+    with _timed(times, "train_s"):
+        data = make_data(cfg, seed, device)
+        original, retrain = train_pair(cfg, data, seed, device, progress)
+    with _timed(times, "finetune_s"):
+        hps = candidate_grid(cfg)
+        cands = finetune_candidates(cfg, original, data, seed, device, progress)
+    with _timed(times, "search_s"):
+        ev = Evaluator(cfg, data, device)
+        search = LambdaSearch(cfg, ev, original)
+        cand_rows = search_single_task_vectors(search, cands, hps, device, progress)
+        entries = [("original", original, {}), ("retrain", retrain, {})]
+        for name, row in zip(("task_arithmetic_best", "task_arithmetic_median"), best_and_median(cand_rows)):
+            # scored with the other single task vectors (state None = take the candidate's metrics)
+            entries.append((name, None, {"lam": row["lam"], "candidate": row["index"], "feasible": row["feasible"],
+                                         "hyperparameters": hps[row["index"]]}))
+        entries += search_merges(cfg, search, cands, seed, device, progress)
+    with _timed(times, "metrics_s"):
+        ref = ev.full(retrain, seed)
+        cand_gaps = score_candidates(ev, original, cand_rows, ref, seed)
+        methods = score_methods(ev, entries, cand_rows, ref, seed)
     out = {"seed": seed, "methods": methods,
            "candidates": [{k: v for k, v in r.items() if k != "_tau"} for r in cand_rows],
-           "single_task_vectors": gap_summary(cand_gaps),
-           "timing": times}
+           "single_task_vectors": gap_summary(cand_gaps), "timing": times}
     if keep_models:
         out["_models"] = {"original": original, "retrain": retrain, "candidates": cands}
     return out
