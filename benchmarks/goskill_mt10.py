@@ -149,6 +149,44 @@ def _ms(x):
     return {"mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else 0.0, "per_seed": x.tolist()}
 
 
+def _aggregate(rs: list[dict]) -> dict:
+    """Mean +- std over seeds of one method's evaluations (and its per-task success, mean over seeds)."""
+    return {"success": _ms([x["success"] for x in rs]), "return": _ms([x["return"] for x in rs]),
+            "per_task_success": {t: float(np.mean([x["per_task"][t]["success"] for x in rs])) for t in rs[0]["per_task"]}}
+
+
+def _report(args, seeds: list[int], runs: list[dict], root: str, wall_s: float) -> dict:
+    methods = {m: _aggregate([next(x for x in r["base"]["methods"] if x["method"] == m) for r in runs])
+               for m in options.METHODS}
+    variants = {}
+    for v in [v for v in args.variants.split(",") if v]:
+        rs = [r[v]["methods"][0] for r in runs if v in r]
+        if rs:
+            variants["goskill_" + v] = {"config": VARIANTS[v], "seeds": [r["seed"] for r in runs if v in r],
+                                        **_aggregate(rs)}
+    phases = {}
+    for r in runs:
+        for k, v in r["base"]["phase_s"].items():
+            phases.setdefault(k, []).append(v)
+    g, b, rtg = (methods[m]["success"]["mean"] for m in ("goskill", "mtbc", "mtbc_rtg"))
+    cfg = json.loads((Path(runs[0]["base"]["run_dir"]) / "pipeline.json").read_text())["config"]
+    return {
+        "benchmark": "goskill_mt10", "preset": args.preset, "overrides": json.loads(args.overrides),
+        "tasks": runs[0]["base"]["tasks"], "seeds": seeds,
+        "data": runs[0]["base"]["data"], "eval_episodes_per_task": cfg["eval_episodes"],
+        "config": {k: cfg[k] for k in ("episodes", "max_steps", "H", "decoder", "dec_hidden", "dec_layers", "hl_hidden",
+                                       "hl_layers", "context", "prompt_len", "extract_iters", "enhance_iters",
+                                       "policy_iters", "bc_iters")},
+        "methods": methods, "variants": variants,
+        "ratios": {"goskill_over_mtbc": g / b if b else None, "goskill_over_mtbc_rtg": g / rtg if rtg else None},
+        "phase_s_mean": {k: float(np.mean(v)) for k, v in phases.items()},
+        "code_usage_per_seed": [r["base"]["code_usage"] for r in runs],
+        "codes_used_per_seed": [r["base"]["codes_used"] for r in runs],
+        "enhance_action_mse": [r["base"]["enhance"] for r in runs],
+        "wall_s": wall_s, "root": root,
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default=options.DEFAULT_PRESET, choices=options.PRESET_NAMES)
@@ -177,43 +215,7 @@ def main():
             runs = pool.map(_one_seed, jobs)
     else:
         runs = [_one_seed(j) for j in jobs]
-    methods = {}
-    for m in ("goskill", "goskill_noenh", "mtbc", "mtbc_rtg"):
-        rs = [next(x for x in r["base"]["methods"] if x["method"] == m) for r in runs]
-        methods[m] = {"success": _ms([x["success"] for x in rs]), "return": _ms([x["return"] for x in rs]),
-                      "per_task_success": {t: float(np.mean([x["per_task"][t]["success"] for x in rs]))
-                                           for t in rs[0]["per_task"]}}
-    variants = {}
-    for v in [v for v in args.variants.split(",") if v]:
-        rs = [r[v]["methods"][0] for r in runs if v in r]
-        if rs:
-            variants["goskill_" + v] = {"config": VARIANTS[v], "seeds": [r["seed"] for r in runs if v in r],
-                                        "success": _ms([x["success"] for x in rs]),
-                                        "return": _ms([x["return"] for x in rs]),
-                                        "per_task_success": {t: float(np.mean([x["per_task"][t]["success"] for x in rs]))
-                                                             for t in rs[0]["per_task"]}}
-    phases = {}
-    for r in runs:
-        for k, v in r["base"]["phase_s"].items():
-            phases.setdefault(k, []).append(v)
-    g, b, rtg = (methods[m]["success"]["mean"] for m in ("goskill", "mtbc", "mtbc_rtg"))
-    cfg = json.loads((Path(runs[0]["base"]["run_dir"]) / "pipeline.json").read_text())["config"]
-    doc = {
-        "benchmark": "goskill_mt10", "preset": args.preset, "overrides": json.loads(args.overrides),
-        "tasks": runs[0]["base"]["tasks"], "seeds": seeds,
-        "data": runs[0]["base"]["data"], "eval_episodes_per_task": cfg["eval_episodes"],
-        "config": {k: cfg[k] for k in ("episodes", "max_steps", "H", "decoder", "dec_hidden", "dec_layers", "hl_hidden",
-                                       "hl_layers", "context", "prompt_len", "extract_iters", "enhance_iters",
-                                       "policy_iters", "bc_iters")},
-        "methods": methods, "variants": variants,
-        "ratios": {"goskill_over_mtbc": g / b if b else None, "goskill_over_mtbc_rtg": g / rtg if rtg else None},
-        "phase_s_mean": {k: float(np.mean(v)) for k, v in phases.items()},
-        "code_usage_per_seed": [r["base"]["code_usage"] for r in runs],
-        "codes_used_per_seed": [r["base"]["codes_used"] for r in runs],
-        "enhance_action_mse": [r["base"]["enhance"] for r in runs],
-        "wall_s": time.perf_counter() - t0, "root": root,
-    }
-    print(json.dumps(doc))
+    print(json.dumps(_report(args, seeds, runs, root, time.perf_counter() - t0)))
 
 
 if __name__ == "__main__":
