@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import click
 
-from . import common
+from icmltools.negmerge import options
 
-METHODS = ("negmerge", "task_arithmetic", "uniform", "ties", "magmax")
-DEMO_METHODS = ("negmerge", "uniform", "ties", "magmax")
-FORMATS = ("same", "safetensors", "torch", "hf_safetensors", "hf_torch")
+from . import common
 
 EPILOG = """Examples:
 
@@ -22,53 +20,61 @@ EPILOG = """Examples:
       --eval-cmd 'python eval.py --ckpt {checkpoint}' | jq .result.lambda_search.selected_lam
 """
 
+# library parameter -> flag, where the names differ
+PARAM_FLAGS = {"index": "--ta-index", "out_format": "--format", "fmt": "--format"}
+MC = options.MergeConfig
+DC = options.DemoConfig
 
-@common.command("negmerge", epilog=EPILOG)
+
+@common.command("negmerge", epilog=EPILOG, param_flags=PARAM_FLAGS)
 @click.option("--base", type=click.Path(exists=False), default=None,
               help="Original (pre-unlearning) checkpoint: .safetensors, .pt/.pth/.bin, or a Hugging Face folder. "
                    "Without it the embedded demo runs.")
 @click.option("-c", "--candidate", "candidates", multiple=True, type=click.Path(exists=False),
               help="A model fine-tuned on the forget set (repeat; >= 2 for merges).")
-@click.option("--method", type=click.Choice(METHODS), default="negmerge",
+@click.option("--method", type=click.Choice(options.METHODS), default=MC.method,
               help="How the task vectors are merged (file mode).")
-@click.option("--ta-index", type=click.IntRange(min=0), default=0, help="task_arithmetic: which candidate (0-based).")
+@click.option("--ta-index", type=click.IntRange(min=0), default=MC.index,
+              help="task_arithmetic: which candidate (0-based).")
 @click.option("--lam", type=float, default=None,
               help="Fixed scaling: theta = theta_pre - lam * tau (streamed straight to disk).")
 @click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
-              help="Lambda grid to search (demo default 0:10:0.05; the official CLIP grid is 0:1:0.05).")
+              help=f"Lambda grid to search (demo default {options.DEMO_LAM_GRID_SPEC}; the official CLIP grid is "
+                   "0:1:0.05).")
 @click.option("--eval-cmd", default=None, metavar="CMD",
               help="File mode with --lam-grid: a command run on each checkpoint ({checkpoint} is replaced by its "
                    "path, else appended) that prints JSON with forget_acc and retain_acc.")
 @click.option("--eval-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds allowed per --eval-cmd run.")
-@click.option("--retain-ratio", type=click.FloatRange(0, 1), default=0.95,
+@click.option("--retain-ratio", type=click.FloatRange(0, 1), default=options.RETAIN_RATIO,
               help="Lambda rule: lowest forget accuracy with retain >= ratio x the original's.")
 @click.option("--patience", type=click.IntRange(min=0), default=None,
               help="Stop the lambda search after this many consecutive lambdas below the retain threshold "
-                   "(0 = whole grid, as the official code; default 0 on files, 3 in the demo).")
-@click.option("--ties-k", type=click.FloatRange(0, 1, min_open=True), default=0.2,
+                   f"(0 = whole grid, as the official code; default {options.FILE_PATIENCE} on files, "
+                   f"{options.DEMO_PATIENCE} in the demo).")
+@click.option("--ties-k", type=click.FloatRange(0, 1, min_open=True), default=MC.ties_k,
               help="TIES: fraction of each task vector kept (top-k by magnitude).")
-@click.option("--dare", "dare_p", type=click.FloatRange(0, 1, max_open=True), default=0.0,
+@click.option("--dare", "dare_p", type=click.FloatRange(0, 1, max_open=True), default=MC.dare_p,
               help="DARE drop probability applied to each task vector before merging (0 = off).")
-@click.option("--format", "out_format", type=click.Choice(FORMATS), default="same",
+@click.option("--format", "out_format", type=click.Choice(options.FORMATS), default="same",
               help="Output checkpoint format; 'same' keeps the base's.")
 @click.option("--per-tensor", is_flag=True, help="Report the kept fraction of every tensor.")
-@click.option("--methods", "demo_methods", default=",".join(DEMO_METHODS),
-              help="Demo: comma-separated merges shown next to task arithmetic best/median.")
-@click.option("--preset", type=click.Choice(("quick", "tiny")), default="quick",
+@click.option("--methods", "methods", type=common.CommaList(options.DEMO_METHODS),
+              default=",".join(DC.methods), help="Demo: merges shown next to task arithmetic best/median.")
+@click.option("--preset", type=click.Choice(options.PRESETS), default=options.DEFAULT_PRESET,
               help="Demo size: quick = the spec's task and 27 candidates (about a minute); tiny = a seconds-long smoke run.")
-@click.option("--n-seeds", type=click.IntRange(min=1), default=1,
+@click.option("--n-seeds", type=click.IntRange(min=1), default=options.DEMO_N_SEEDS,
               help="Demo: run seeds --seed .. --seed+N-1 and report the mean per method.")
 @click.option("--pool", default=None, metavar="EPOCHS;WD;LS",
               help="Demo: the candidates' fine-tuning grid as three comma lists, epochs;weight decay;label smoothing "
-                   "(default the spec's '5,10,20;0,5e-4,5e-3;0,0.05,0.1' = 27 candidates).")
+                   f"(default the spec's '{options.pool_spec(DC())}' = {DC().n_candidates} candidates).")
 @click.option("--export-demo", type=click.Path(file_okay=False), default=None,
-              help="Demo: also write original, retrain and the 27 candidates as .safetensors into this folder.")
+              help="Demo: also write original, retrain and the candidates as .safetensors into this (new or empty) folder.")
 @common.out_option()
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
 def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
-        ties_k, dare_p, out_format, per_tensor, demo_methods, preset, n_seeds, pool, export_demo, seed, device, threads,
+        ties_k, dare_p, out_format, per_tensor, methods, preset, n_seeds, pool, export_demo, seed, device, threads,
         quiet, verbose, out):
     """Unlearn by negating a merged task vector: NegMerge (Kim et al., ICML 2025) and baselines.
 
@@ -82,58 +88,60 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
     27 candidates) and reports forget/retain/test accuracy, MIA-efficacy and Avg.Gap to retrain for
     original, retrain, task arithmetic (best and median candidate), NegMerge, uniform, TIES and MagMax.
     """
-    from icmltools.core.errors import BadInputError
-
-    with common.CommandRun(ctx, "negmerge", seed=seed, device=device, threads=threads) as run:
-        if lam is not None and lam_grid is not None:
-            raise BadInputError("give either --lam or --lam-grid, not both")
+    _check_usage(base, candidates, lam, lam_grid, eval_cmd, pool, export_demo)
+    with common.CommandRun(ctx, "negmerge", seed=seed, device=device, threads=threads,
+                           reference=options.REFERENCE) as run:
         if base is None:
-            if candidates:
-                raise BadInputError("--candidate given without --base")
-            _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds,
-                  export_demo, out, pool)
-        elif pool is not None:
-            raise BadInputError("--pool applies to the embedded demo only (not with --base)")
+            _demo(run, dict(preset=preset, methods=methods, lam=lam, lam_grid=lam_grid, ties_k=ties_k, dare_p=dare_p,
+                            retain_ratio=retain_ratio, patience=patience, pool=pool), n_seeds, export_demo, out)
         else:
-            _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio,
-                   patience or 0, ties_k, dare_p, out_format, per_tensor, seed, out)
+            _files(run, base, candidates, dict(method=method, index=ta_index, ties_k=ties_k, dare_p=dare_p, seed=seed,
+                                               out_format=out_format, lam=lam, lam_grid=lam_grid, eval_cmd=eval_cmd,
+                                               eval_timeout=eval_timeout, retain_ratio=retain_ratio,
+                                               patience=patience), per_tensor, out)
 
 
-def _demo(run, lam, lam_grid, retain_ratio, patience, ties_k, dare_p, demo_methods, preset, n_seeds, export_demo,
-          out, pool=None):
-    from icmltools.negmerge import api, search
+def _check_usage(base, candidates, lam, lam_grid, eval_cmd, pool, export_demo) -> None:
+    """Options that conflict, or that the chosen mode needs, as usage errors (exit 2)."""
+    if lam is not None and lam_grid is not None:
+        raise click.UsageError("give either --lam or --lam-grid, not both")
+    if base is None:
+        if candidates:
+            raise click.UsageError("--candidate needs --base (without --base the embedded demo runs)")
+        return
+    if pool is not None:
+        raise click.UsageError("--pool applies to the embedded demo only (not with --base)")
+    if export_demo is not None:
+        raise click.UsageError("--export-demo applies to the embedded demo only (not with --base)")
+    if not candidates:
+        raise click.UsageError("give the fine-tuned checkpoints with -c/--candidate (repeat it)")
+    if lam is None and lam_grid is None:
+        raise click.UsageError("give --lam, or --lam-grid with --eval-cmd (e.g. --lam 1.0)")
+    if lam_grid is not None and eval_cmd is None:
+        raise click.UsageError("--lam-grid on your checkpoints needs --eval-cmd (the built-in evaluator is the demo's)")
 
-    grid = [lam] if lam is not None else (search.parse_grid(lam_grid) if lam_grid else None)
-    methods = [m.strip() for m in demo_methods.split(",") if m.strip()]
+
+def _demo(run, opts: dict, n_seeds: int, export_demo, out) -> None:
+    from dataclasses import asdict
+
+    from icmltools.negmerge import api
+
+    cfg = api.demo_config(**opts)
+    if out:
+        run.make_dir(out, config=asdict(cfg))
     with run.progress() as cb, run.timer.phase("demo"):
-        res = api.run_demo(seed=run.seed, n_seeds=n_seeds, methods=methods, lam_grid=grid, ties_k=ties_k,
-                           dare_p=dare_p, retain_ratio=retain_ratio, device=run.device, progress=cb,
-                           export_dir=export_demo, preset=preset, patience=patience,
-                           pool=api.parse_pool(pool) if pool is not None else None)
-    run.result = res
+        run.result = api.run_demo(cfg, seed=run.seed, n_seeds=n_seeds, device=run.device, progress=cb,
+                                  export_dir=export_demo)
     if export_demo:
         run.artifacts["demo_checkpoints"] = export_demo
-    if out:
-        run.make_dir(out)
 
 
-def _files(run, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
-           ties_k, dare_p, out_format, per_tensor, seed, out):
-    from icmltools.core.errors import BadInputError
-    from icmltools.negmerge import api, merge, search
+def _files(run, base, candidates, opts: dict, per_tensor: bool, out) -> None:
+    from icmltools.negmerge import api
 
-    if lam is None and lam_grid is None:
-        raise BadInputError("give --lam, or --lam-grid with --eval-cmd", hint="e.g. --lam 1.0")
-    if lam_grid is not None and eval_cmd is None:
-        raise BadInputError("--lam-grid on your checkpoints needs --eval-cmd (the built-in evaluator is the demo's)")
-    grid = search.parse_grid(lam_grid) if lam_grid is not None else None
-    cfg = merge.MergeConfig(method=method, ties_k=ties_k, dare_p=dare_p, index=ta_index, seed=seed)
     with run.timer.phase("open"):
-        job = api.prepare_files(base, candidates, cfg, out_format)
-    d = run.make_dir(out)
+        job = api.prepare_files(base, candidates, **opts)
+    d = run.make_dir(out, config=job.config())
     with run.progress() as cb, run.timer.phase("merge"):
-        res = api.merge_files(job, d, lam=lam, lam_grid=grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
-                              retain_ratio=retain_ratio, patience=patience, device=run.device,
-                              per_tensor=per_tensor, progress=cb)
-    run.result = res
-    run.artifacts["merged"] = res["output"]
+        run.result = api.merge_files(job, d, device=run.device, per_tensor=per_tensor, progress=cb)
+    run.artifacts["merged"] = run.result["output"]

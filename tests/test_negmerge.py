@@ -144,8 +144,9 @@ def test_merge_input_errors():
     bad["a.w"] = torch.zeros(6, 4)
     with pytest.raises(BadInputError, match="'a.w' has shape"):
         M.open_and_check(b, [MemoryReader(cands[0]), MemoryReader(bad)], M.MergeConfig())
-    with pytest.raises(BadInputError, match="ties-k"):
+    with pytest.raises(BadInputError, match="^ties_k: must be in") as ei:
         M.MergeConfig(ties_k=0).validate(3)
+    assert ei.value.param == "ties_k"  # the library names its parameter; the CLI shows it as --ties-k
     with pytest.raises(BadInputError, match="out of range"):
         M.MergeConfig("task_arithmetic", index=3).validate(3)
 
@@ -325,6 +326,7 @@ def demo_doc():
     return json.loads(res.stdout)
 
 
+@pytest.mark.slow
 def test_demo_contract(demo_doc):
     methods = {m["method"]: m for m in demo_doc["result"]["methods"]}
     assert set(methods) == {"original", "retrain", "task_arithmetic_best", "task_arithmetic_median",
@@ -337,6 +339,7 @@ def test_demo_contract(demo_doc):
     assert demo_doc["seed"] == 1 and demo_doc["device"]["resolved"] == "cpu"
 
 
+@pytest.mark.slow
 def test_demo_effect_fixed_seed(demo_doc):
     """Seed 1: NegMerge forgets and keeps retain >= 0.95 x original (the issue's first two demo effects).
 
@@ -352,6 +355,7 @@ def test_demo_effect_fixed_seed(demo_doc):
     assert 0 < nm["kept_fraction"] < 0.5
 
 
+@pytest.mark.slow
 def test_demo_places_each_method_among_all_single_task_vectors(demo_doc):
     """Every candidate is scored at its own selected lambda; `beats_candidates` is the fraction of those single
     task vectors with a larger Avg.Gap, and the best/median rows are exactly their candidates' scores."""
@@ -381,19 +385,30 @@ def test_parse_pool():
         "ft_epochs": (5, 10, 20), "ft_weight_decay": (0.0, 5e-4, 5e-3), "ft_label_smoothing": (0.0, 0.05, 0.1)}
     assert parse_pool("5,10;0;0")["ft_label_smoothing"] == (0.0,)
     for bad in ("5,10;0", "5;0;0", "a;0;0", "5,5;0;0", "0,5;0;0", "5,10;-1;0", "5,10;0;1.0", "5,10;;0"):
-        with pytest.raises(BadInputError, match="--pool"):
+        with pytest.raises(BadInputError, match="^pool: ") as ei:
             parse_pool(bad)
+        assert ei.value.param == "pool"
 
 
-def test_cli_pool_on_tiny_demo(run_cli):
-    _, doc = run_cli(["negmerge", "-q", "--preset", "tiny", "--pool", "5,10;0;0,0.1", "--methods", "negmerge"])
+@pytest.mark.slow
+def test_cli_pool_on_tiny_demo(run_cli, tmp_path):
+    out = tmp_path / "demo_run"
+    _, doc = run_cli(["negmerge", "-q", "--preset", "tiny", "--pool", "5,10;0;0,0.1", "--methods", "negmerge",
+                      "--out", str(out)])
     res = doc["result"]
     assert len(res["candidates"]) == 4 and res["single_task_vectors"]["n"] == 4
     assert res["config"]["ft_label_smoothing"] == [0.0, 0.1]
+    # the run folder: config.json with the resolved demo config (written before the run), result.json = result
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "result.json"]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["config"] == res["config"] and cfg["config"]["methods"] == ["negmerge"]
+    assert json.loads((out / "result.json").read_text())["methods"] == res["methods"]
+    assert doc["reference"]["arxiv"] == "2410.05583"
     res, _ = run_cli(["negmerge", "-q", "--preset", "tiny", "--pool", "5;0;0"], expect_code=2)
     assert "at least 2 candidates" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
 def test_demo_lambda_grid_resolves_each_boundary(demo_doc):
     """The selection rule is decided on a grid fine and wide enough for every merge: the selected lambda is
     past the first non-zero grid point and short of the grid's end, and the grid point after it breaks the
@@ -431,3 +446,102 @@ def test_streaming_accumulator_equals_list_kernels(method, dare):
         assert stats.per_tensor[k] == (v.numel(), kept)
         if method == "negmerge" and dare == 0:
             assert torch.equal(tau[k], _closed_form(taus))
+
+
+# --------------------------------------------------------------------------------------------- house pattern
+
+
+def test_options_import_nothing_heavy():
+    """The command imports the options module (and the package) for --help: no numpy, torch, sklearn."""
+    import subprocess
+
+    code = ("import sys, icmltools.negmerge, icmltools.negmerge.options\n"
+            "print([m for m in ('torch', 'numpy', 'scipy', 'sklearn', 'safetensors') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_registry_matches_the_options_list():
+    from icmltools.negmerge import options
+
+    assert set(M.REGISTRY) == set(options.METHODS)
+    assert all(m.name == k and m.reference for k, m in M.REGISTRY.items())
+    assert S.parse_grid(options.DEMO_LAM_GRID_SPEC) == list(options.DEMO_LAM_GRID)
+    assert options.DemoConfig.preset("quick").n_candidates == 27
+
+
+def test_dare_masks_come_from_named_streams():
+    """DARE's mask of candidate i's tensor `name` is derive(seed, "dare", name, i), alone or in a merge."""
+    from icmltools.core.seed import derive
+
+    g = torch.Generator().manual_seed(2)
+    taus = [torch.randn(300, generator=g) for _ in range(3)]
+    for i in range(3):
+        cfg = M.MergeConfig("task_arithmetic", index=i, dare_p=0.4, seed=7)
+        got, _ = M.merge_tensor(taus, cfg, name="layer.w")
+        alone = M.dare_tensor(taus[i], 0.4, derive(7, "dare", "layer.w", i).torch())
+        assert torch.equal(got, alone)
+    other, _ = M.merge_tensor(taus, M.MergeConfig("task_arithmetic", index=0, dare_p=0.4, seed=8), name="layer.w")
+    assert not torch.equal(other, M.merge_tensor(taus, M.MergeConfig("task_arithmetic", index=0, dare_p=0.4, seed=7),
+                                                  name="layer.w")[0])
+
+
+def _micro_demo():
+    from icmltools.negmerge.options import DemoConfig
+
+    return DemoConfig.preset("tiny", n_samples=600, n_test=200, hidden=32, epochs=3, ft_epochs=(2, 3),
+                             ft_weight_decay=(0.0,), ft_label_smoothing=(0.0, 0.1), lam_grid=(0.0, 0.5, 1.0),
+                             methods=("negmerge",))
+
+
+def test_demo_stages_alone_equal_the_pipeline():
+    """Data, original/retrain and each candidate, run alone with their stage keys, are bitwise the models of
+    the whole seed; the global torch generator neither feeds nor is moved by the demo."""
+    from icmltools.core.seed import derive
+    from icmltools.negmerge import demo as D
+
+    cfg, seed = _micro_demo(), 3
+    torch.manual_seed(123)
+    res = D.run_seed(cfg, seed, keep_models=True)
+    after = torch.get_rng_state()
+    torch.manual_seed(999)
+    again = D.run_seed(cfg, seed, keep_models=True)
+    assert [m["avg_gap"] for m in again["methods"]] == [m["avg_gap"] for m in res["methods"]]
+    torch.manual_seed(123)
+    assert torch.equal(after, torch.get_rng_state())  # run_seed drew nothing from the global generator
+    models = res["_models"]
+    data = D.make_data(cfg, seed)
+    (Xr, yr), (Xf, yf) = data["retain"], data["forget"]
+    original = D.train_from_scratch(cfg, torch.cat([Xr, Xf]), torch.cat([yr, yf]), derive(seed, "train"))
+    retrain = D.train_from_scratch(cfg, Xr, yr, derive(seed, "train"))
+    for k in original:
+        assert torch.equal(original[k], models["original"][k]) and torch.equal(retrain[k], models["retrain"][k])
+    for i, hp in enumerate(D.candidate_grid(cfg)):
+        cand = D.finetune_on_forget(cfg, original, Xf, yf, hp["epochs"], hp["weight_decay"], hp["label_smoothing"],
+                                    derive(seed, "finetune", i))
+        assert all(torch.equal(cand[k], models["candidates"][i][k]) for k in cand), i
+    # different stage keys give different streams
+    assert not torch.equal(D.finetune_on_forget(cfg, original, Xf, yf, 2, 0.0, 0.0, derive(seed, "finetune", 1))["0.weight"],
+                           models["candidates"][0]["0.weight"])
+
+
+def test_cli_usage_errors_name_the_flags(tmp_path, run_cli):
+    base, cands, bpath, cpaths = _write_models(tmp_path)
+    cases = [
+        (["--lam", "1", "--lam-grid", "0:1:0.5"], "either --lam or --lam-grid"),
+        (["-c", cpaths[0]], "--candidate needs --base"),
+        (["--base", bpath, "-c", cpaths[0], "-c", cpaths[1], "--lam", "1", "--pool", "5;0;0"], "--pool applies"),
+        (["--base", bpath, "-c", cpaths[0], "-c", cpaths[1], "--lam-grid", "0:1:0.5"], "needs --eval-cmd"),
+        (["--base", bpath, "--lam", "1"], "-c/--candidate"),
+        # library errors name their parameter; the command shows the flag
+        (["--base", bpath, "-c", cpaths[0], "-c", cpaths[1], "--lam", "1", "--method", "task_arithmetic",
+          "--ta-index", "2"], "--ta-index: 2 is out of range"),
+        (["--base", bpath, "-c", cpaths[0], "-c", cpaths[1], "--lam-grid", "1:0:1", "--eval-cmd", "true"],
+         "--lam-grid: '1:0:1'"),
+        (["--preset", "tiny", "--pool", "5;0"], "--pool: '5;0'"),
+    ]
+    for args, msg in cases:
+        res, _ = run_cli(["negmerge", "-q", *args, "--out", str(tmp_path / "run")], expect_code=2)
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("Error:") and msg in lines[0], (msg, res.stderr)
+        assert not (tmp_path / "run").exists()

@@ -1,100 +1,195 @@
 """NegMerge and the baseline merges of task vectors, per tensor, streamed over checkpoints.
 
-Notation (paper, Sec. 3): tau_i = theta_i - theta_pre for the N models fine-tuned on the forget set.
+Notation (Kim et al. 2025, Sec. 3): tau_i = theta_i - theta_pre for the N models fine-tuned on the forget set.
 
-* ``negmerge`` (Sec. 3.2, official CLIP code): keep an element only when all N task vectors share the same
+* ``negmerge`` (Sec. 3, official CLIP code): keep an element only when all N task vectors share the same
   strict sign, |sum_i sign(tau_i)| == N (an exact zero anywhere drops it); tau = where(mask, sum_i tau_i / N, 0).
 * ``task_arithmetic``: one candidate's tau (Ilharco et al. 2023), the paper's main competitor.
 * ``uniform``: mean of all tau_i.
 * ``ties`` (Yadav et al. 2023): trim each tau_i to its top-k fraction by magnitude, elect the sign of the sum
   of the trimmed vectors, average the trimmed entries that agree with it (disjoint mean).
 * ``magmax`` (Marczak et al. 2024): per element, the tau_i of largest magnitude.
-* optional DARE (Yu et al. 2024) before any of them: drop each element with probability p, rescale by 1/(1-p).
+* optional DARE (Yu et al. 2024) before any of them: drop each element with probability p, rescale by 1/(1-p);
+  the mask of candidate i's tensor `name` comes from ``derive(seed, "dare", name, i)``.
 
-The unlearned model is theta = theta_pre - lambda * tau. Integer and bool tensors (e.g. BatchNorm
-``num_batches_tracked``) carry no task vector and are copied from the base. Arithmetic runs in float32
-(float64 for float64 tensors) on the chosen device; the output keeps each tensor's dtype.
+Each merge is one class in :data:`REGISTRY` (name, reference, buffers, per-candidate ``add`` and ``finish``);
+the same class serves the streamed file merge and the list form :func:`merge_tensor`. The unlearned model
+is theta = theta_pre - lambda * tau. Integer and bool tensors (e.g. BatchNorm ``num_batches_tracked``) carry
+no task vector and are copied from the base. Arithmetic runs in float32 (float64 for float64 tensors) on the
+chosen device; the output keeps each tensor's dtype.
 """
 from __future__ import annotations
 
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from icmltools.core.errors import BadInputError
+from icmltools.core.seed import derive
 from icmltools.taskvec import CheckpointReader, CheckpointWriter, check_compatible, is_float_dtype
+
+from .options import METHODS, MergeConfig
 
 log = logging.getLogger(__name__)
 
-METHODS = ("negmerge", "task_arithmetic", "uniform", "ties", "magmax")
+__all__ = ["METHODS", "MergeConfig", "REGISTRY", "merge_tensor", "negmerge_tensor", "uniform_tensor",
+           "magmax_tensor", "ties_tensor", "dare_tensor", "merge_to_checkpoint", "merged_task_vector",
+           "apply_task_vector", "apply_to_state_dict"]
 
 
-@dataclass(frozen=True)
-class MergeConfig:
-    """How to merge the task vectors (the same for a file merge and for the demo)."""
+# --------------------------------------------------------------------------------------------- merge methods
 
-    method: str = "negmerge"
-    ties_k: float = 0.2          # TIES: fraction of each task vector kept (top-k by magnitude)
-    dare_p: float = 0.0          # DARE drop probability; 0 = off
-    index: int = 0               # task_arithmetic: which candidate
-    seed: int = 0                # DARE masks
 
-    def validate(self, n_candidates: int) -> None:
-        if self.method not in METHODS:
-            raise BadInputError(f"unknown merge method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.method == "task_arithmetic":
-            if n_candidates < 1:
-                raise BadInputError("task_arithmetic needs at least one candidate")
-            if not 0 <= self.index < n_candidates:
-                raise BadInputError(f"--ta-index {self.index} is out of range for {n_candidates} candidate(s)")
-        elif n_candidates < 2:
-            raise BadInputError(f"{self.method} merges at least 2 candidates, got {n_candidates}",
-                                hint="pass more --candidate files, or use --method task_arithmetic for one")
-        if not 0.0 < self.ties_k <= 1.0:
-            raise BadInputError(f"--ties-k must be in (0, 1], got {self.ties_k}")
-        if not 0.0 <= self.dare_p < 1.0:
-            raise BadInputError(f"--dare must be in [0, 1), got {self.dare_p}")
+class MergeMethod:
+    """One merge of N task vectors, fed one candidate at a time into reused buffers.
+
+    ``buffers`` names the per-tensor buffers the method needs, each (name, None for the compute dtype or
+    a torch dtype name); ``add(st, tau, k)`` takes the k-th task vector it receives (k = 0 first);
+    ``finish(st, n)`` returns (merged tau, kept element count), possibly in a reused buffer. ``st`` is the
+    tensor's :class:`_Accumulator` (its buffers are attributes; ``items`` is a list for methods that keep
+    every task vector). A new method is one subclass and one :data:`REGISTRY` line.
+    """
+
+    name = ""
+    reference = ""
+    buffers: tuple = ()
+
+    def wants(self, i: int, cfg: MergeConfig) -> bool:
+        """Whether candidate i's task vector is read at all."""
+        return True
+
+    def add(self, st, tau, k: int) -> None:
+        raise NotImplementedError
+
+    def finish(self, st, n: int):
+        raise NotImplementedError
+
+
+def _sum_into(st, tau, k: int) -> None:
+    """st.total = sum of the task vectors received so far."""
+    if k == 0:
+        st.total.copy_(tau)
+    else:
+        st.total.add_(tau)
+
+
+def _count(t) -> int:
+    import torch
+
+    return int(torch.count_nonzero(t))
+
+
+class NegMerge(MergeMethod):
+    """Sign-consensual merge (NegMerge Sec. 3): tau = where(|sum_i sign(tau_i)| == N, sum_i tau_i / N, 0).
+
+    Streamed as: all N share a strict sign  <=>  min_i tau_i > 0 or max_i tau_i < 0 (NaN never kept)."""
+
+    name = "negmerge"
+    reference = "Kim et al., ICML 2025 (arXiv 2410.05583), Sec. 3"
+    buffers = (("total", None), ("mn", None), ("mx", None), ("tb", "bool"))
+
+    def add(self, st, tau, k):
+        import torch
+
+        _sum_into(st, tau, k)
+        if k == 0:
+            st.mn.copy_(tau)
+            st.mx.copy_(tau)
+        else:
+            torch.minimum(st.mn, tau, out=st.mn)
+            torch.maximum(st.mx, tau, out=st.mx)
+
+    def finish(self, st, n):
+        import torch
+
+        mask = torch.gt(st.mn, 0, out=st.tb)
+        mask.logical_or_(st.mx < 0)
+        st.total.div_(n)
+        st.total.masked_fill_(mask.logical_not_(), 0)  # st.tb now holds the dropped elements
+        return st.total, int(st.tb.numel() - torch.count_nonzero(st.tb))
+
+
+class Uniform(MergeMethod):
+    """Mean of the task vectors: tau = sum_i tau_i / N."""
+
+    name = "uniform"
+    reference = "uniform task-vector mean (model soup of task vectors)"
+    buffers = (("total", None),)
+
+    def add(self, st, tau, k):
+        _sum_into(st, tau, k)
+
+    def finish(self, st, n):
+        st.total.div_(n)
+        return st.total, _count(st.total)
+
+
+class TaskArithmetic(MergeMethod):
+    """One candidate's task vector, tau = tau_index (task negation)."""
+
+    name = "task_arithmetic"
+    reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023"
+    buffers = (("total", None),)
+
+    def wants(self, i, cfg):
+        return i == cfg.index
+
+    def add(self, st, tau, k):
+        st.total.copy_(tau)
+
+    def finish(self, st, n):
+        return st.total, _count(st.total)
+
+
+class MagMax(MergeMethod):
+    """Per element, the task vector entry of largest magnitude (the first candidate wins ties)."""
+
+    name = "magmax"
+    reference = "Marczak et al., MagMax, ECCV 2024"
+    buffers = (("best", None),)
+
+    def add(self, st, tau, k):
+        import torch
+
+        if k == 0:
+            st.best.copy_(tau)
+        else:
+            st.best.copy_(torch.where(tau.abs() > st.best.abs(), tau, st.best))
+
+    def finish(self, st, n):
+        return st.best, _count(st.best)
+
+
+class Ties(MergeMethod):
+    """TIES-merging (Yadav et al. 2023): keeps a copy of each task vector of the tensor (its sign election
+    needs all of them), then :func:`ties_tensor`."""
+
+    name = "ties"
+    reference = "Yadav et al., TIES-Merging, NeurIPS 2023"
+
+    def add(self, st, tau, k):
+        st.items.append(tau.clone())
+
+    def finish(self, st, n):
+        merged, kept = ties_tensor(st.items, st.cfg.ties_k)
+        st.items = []
+        return merged, kept
+
+
+# one line per method (options.METHODS lists the same names, for the CLI's choices; a test checks they agree)
+REGISTRY: dict[str, MergeMethod] = {m.name: m for m in (NegMerge(), TaskArithmetic(), Uniform(), Ties(), MagMax())}
+
+
+def method(name: str) -> MergeMethod:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise BadInputError(f"unknown merge method {name!r}; choose one of {', '.join(METHODS)}",
+                            param="method") from None
 
 
 # --------------------------------------------------------------------------------------------- kernels
-
-
-def negmerge_tensor(taus: Sequence):
-    """Sign-consensual merge of one tensor: (where(|sum sign| == N, sum / N, 0), number of kept elements)."""
-    import torch
-
-    n = len(taus)
-    total = taus[0].clone()
-    signs = torch.sign(taus[0]).to(torch.int32)
-    for t in taus[1:]:
-        total += t
-        signs += torch.sign(t).to(torch.int32)
-    mask = signs.abs() == n
-    del signs
-    merged = torch.where(mask, total / n, torch.zeros((), dtype=total.dtype, device=total.device))
-    return merged, int(torch.count_nonzero(mask))
-
-
-def uniform_tensor(taus: Sequence):
-    import torch
-
-    total = taus[0].clone()
-    for t in taus[1:]:
-        total += t
-    merged = total / len(taus)
-    return merged, int(torch.count_nonzero(merged))
-
-
-def magmax_tensor(taus: Sequence):
-    """Per element the value of largest magnitude (first candidate wins ties)."""
-    import torch
-
-    best = taus[0].clone()
-    for t in taus[1:]:
-        best = torch.where(t.abs() > best.abs(), t, best)
-    return best, int(torch.count_nonzero(best))
 
 
 def _trim_top_k(t, k: float):
@@ -113,7 +208,8 @@ def _trim_top_k(t, k: float):
 
 
 def ties_tensor(taus: Sequence, k: float = 0.2):
-    """TIES-merging of one tensor: trim (top-k per task vector), elect sign (sign of the sum), disjoint mean.
+    """TIES-merging of one tensor (Yadav et al. 2023, Algorithm 1): trim (top-k per task vector), elect
+    sign (sign of the sum of the trimmed vectors), disjoint mean of the entries that agree with it.
 
     Trimming is per tensor (the original TIES trims over the whole flattened task vector); streaming
     tensor by tensor makes the per-tensor form the one that scales.
@@ -136,7 +232,8 @@ def ties_tensor(taus: Sequence, k: float = 0.2):
 
 
 def dare_tensor(t, p: float, generator):
-    """Drop-and-rescale: keep each element with probability 1-p, scale the kept ones by 1/(1-p)."""
+    """DARE drop-and-rescale (Yu et al. 2024): keep each element with probability 1-p, scale the kept
+    ones by 1/(1-p)."""
     import torch
 
     if p <= 0:
@@ -145,30 +242,34 @@ def dare_tensor(t, p: float, generator):
     return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
 
 
-def merge_tensor(taus: Sequence, cfg: MergeConfig, name: str = "", device: str = "cpu"):
-    """Merge the task vectors of one tensor with `cfg.method`; returns (merged tau, kept element count)."""
-    import torch
+def dare_generator(seed: int, name: str, i: int, device):
+    """The DARE mask stream of candidate i's tensor `name`: ``derive(seed, "dare", name, i)``."""
+    return derive(seed, "dare", name, i).torch(str(device))
 
-    if cfg.dare_p > 0:
-        out = []
-        for i, t in enumerate(taus):
-            g = torch.Generator(device=device)
-            g.manual_seed((cfg.seed * 1_000_003 + zlib.crc32(name.encode()) * 131 + i) % (2**63))
-            out.append(dare_tensor(t, cfg.dare_p, g))
-        taus = out
-    m = cfg.method
-    if m == "negmerge":
-        return negmerge_tensor(taus)
-    if m == "task_arithmetic":
-        t = taus[cfg.index]
-        return t, int(torch.count_nonzero(t))
-    if m == "uniform":
-        return uniform_tensor(taus)
-    if m == "ties":
-        return ties_tensor(taus, cfg.ties_k)
-    if m == "magmax":
-        return magmax_tensor(taus)
-    raise BadInputError(f"unknown merge method {m!r}")
+
+def merge_tensor(taus: Sequence, cfg: MergeConfig, name: str = ""):
+    """Merge the task vectors of one tensor with `cfg.method` (the streamed merge's own code, fed from a
+    list); returns (merged tau, kept element count). `name` keys the DARE masks."""
+    t0 = taus[0]
+    acc = _Accumulator(cfg, len(taus), tuple(t0.shape), t0.dtype, BufferPool(t0.device), name)
+    for i, t in enumerate(taus):
+        if acc.wants(i):
+            acc.add(t, i)
+    return acc.finish()
+
+
+def negmerge_tensor(taus: Sequence):
+    """Sign-consensual merge of one tensor: (where(|sum sign| == N, sum / N, 0), number of kept elements)."""
+    return merge_tensor(taus, MergeConfig("negmerge"))
+
+
+def uniform_tensor(taus: Sequence):
+    return merge_tensor(taus, MergeConfig("uniform"))
+
+
+def magmax_tensor(taus: Sequence):
+    """Per element the value of largest magnitude (first candidate wins ties)."""
+    return merge_tensor(taus, MergeConfig("magmax"))
 
 
 def compute_dtype(dtype):
@@ -193,6 +294,14 @@ class MergeStats:
     per_tensor: dict = field(default_factory=dict)
     bytes_read: int = 0
     seconds: float = 0.0
+
+    def add(self, spec, kept: int, n_read: int) -> None:
+        """Count one merged tensor: its elements, those kept, and the bytes of the n_read tensors read."""
+        self.bytes_read += n_read * spec.nbytes
+        self.numel += spec.numel
+        self.kept += kept
+        self.n_tensors += 1
+        self.per_tensor[spec.name] = (spec.numel, kept)
 
     @property
     def kept_fraction(self) -> float:
@@ -241,87 +350,58 @@ class BufferPool:
 
 
 class _Accumulator:
-    """Merges task vectors arriving one at a time into reused buffers.
+    """The per-tensor state of one merge: the method's buffers (from the pool) and its list of items.
 
     negmerge, uniform, magmax and task_arithmetic need O(1) buffers whatever N is; TIES keeps a copy
-    of each task vector of the current tensor (its sign election needs all of them)."""
+    of each task vector of the current tensor."""
 
     def __init__(self, cfg: MergeConfig, n: int, shape, dtype, pool: BufferPool, name: str):
         import torch
 
-        self.cfg, self.n, self.name, self.pool = cfg, n, name, pool
-        self.i = 0
-        m = cfg.method
-        if m in ("negmerge", "uniform", "task_arithmetic"):
-            self.total = pool.get("total", shape, dtype)
-        if m == "negmerge":
-            # all N share a strict sign  <=>  min_i tau_i > 0 or max_i tau_i < 0  (NaN never kept)
-            self.mn = pool.get("min", shape, dtype)
-            self.mx = pool.get("max", shape, dtype)
-            self.tb = pool.get("tb", shape, torch.bool)
-        if m == "magmax":
-            self.best = pool.get("best", shape, dtype)
-        self.kept_list: list = []
+        self.cfg, self.n, self.name = cfg, n, name
+        self.method = method(cfg.method)
+        self.k = 0
+        self.items: list = []
+        for key, dt in self.method.buffers:
+            setattr(self, key, pool.get(key, shape, dtype if dt is None else getattr(torch, dt)))
 
     def wants(self, i: int) -> bool:
-        return self.cfg.method != "task_arithmetic" or i == self.cfg.index
+        return self.method.wants(i, self.cfg)
 
-    def add(self, tau, j: int):
-        """Add candidate j's task vector (j seeds its DARE mask, as in :func:`merge_tensor`)."""
-        import torch
-
-        cfg, i = self.cfg, self.i
-        self.i += 1
-        if cfg.dare_p > 0:
-            g = torch.Generator(device=tau.device)
-            g.manual_seed((cfg.seed * 1_000_003 + zlib.crc32(self.name.encode()) * 131 + j) % (2**63))
-            tau = dare_tensor(tau, cfg.dare_p, g)
-        m = cfg.method
-        if m in ("negmerge", "uniform"):
-            if i == 0:
-                self.total.copy_(tau)
-            else:
-                self.total.add_(tau)
-            if m == "negmerge":
-                if i == 0:
-                    self.mn.copy_(tau)
-                    self.mx.copy_(tau)
-                else:
-                    torch.minimum(self.mn, tau, out=self.mn)
-                    torch.maximum(self.mx, tau, out=self.mx)
-        elif m == "task_arithmetic":
-            self.total.copy_(tau)
-        elif m == "magmax":
-            if i == 0:
-                self.best.copy_(tau)
-            else:
-                self.best.copy_(torch.where(tau.abs() > self.best.abs(), tau, self.best))
-        elif m == "ties":
-            self.kept_list.append(tau.clone())
-        else:
-            raise BadInputError(f"unknown merge method {m!r}")
+    def add(self, tau, i: int):
+        """Add candidate i's task vector (i keys its DARE mask)."""
+        if self.cfg.dare_p > 0:
+            tau = dare_tensor(tau, self.cfg.dare_p, dare_generator(self.cfg.seed, self.name, i, tau.device))
+        self.method.add(self, tau, self.k)
+        self.k += 1
 
     def finish(self):
         """(merged tau, kept count); the tensor may live in a reused buffer."""
-        import torch
+        return self.method.finish(self, self.n)
 
-        m = self.cfg.method
-        if m == "negmerge":
-            mask = torch.gt(self.mn, 0, out=self.tb)
-            mask.logical_or_(self.mx < 0)
-            self.total.div_(self.n)
-            self.total.masked_fill_(mask.logical_not_(), 0)
-            return self.total, int(self.tb.numel() - torch.count_nonzero(self.tb))
-        if m == "uniform":
-            self.total.div_(self.n)
-            return self.total, int(torch.count_nonzero(self.total))
-        if m == "task_arithmetic":
-            return self.total, int(torch.count_nonzero(self.total))
-        if m == "magmax":
-            return self.best, int(torch.count_nonzero(self.best))
-        merged, kept = ties_tensor(self.kept_list, self.cfg.ties_k)
-        self.kept_list = []
-        return merged, kept
+
+def _merge_one(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig, spec,
+               device: str, cpu_pool: BufferPool, dev_pool: BufferPool):
+    """Merge one float tensor: (base tensor, merged tau, kept count, tensors read), in reused buffers."""
+    import torch
+
+    name, shape, cd = spec.name, tuple(spec.shape), compute_dtype(spec.dtype)
+    same = cd == spec.dtype and device == "cpu"
+    b = base.get_into(name, cpu_pool.get("raw_base", shape, spec.dtype))
+    bd = b if same else dev_pool.get("base_c", shape, cd).copy_(b)
+    acc = _Accumulator(cfg, len(candidates), shape, cd, dev_pool, name)
+    n_read = 1
+    with torch.no_grad():
+        for j, c in enumerate(candidates):
+            if not acc.wants(j):
+                continue
+            raw = c.get_into(name, cpu_pool.get("raw_cand", shape, spec.dtype))
+            tau = raw if same else dev_pool.get("tau", shape, cd).copy_(raw)
+            tau.sub_(bd)
+            acc.add(tau, j)
+            n_read += 1
+        merged, kept = acc.finish()
+    return b, merged, kept, n_read
 
 
 def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
@@ -332,54 +412,30 @@ def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], 
     tau is in the compute dtype on `device`; None for integer/bool tensors (copied from the base). With
     `reuse=True` the yielded tensors live in buffers reused for the next tensor: consume them first.
     """
-    import torch
-
-    total = len(names)
+    stats = stats if stats is not None else MergeStats(cfg.method, len(candidates))
     t0 = time.perf_counter()
     cpu_pool = BufferPool("cpu")
     dev_pool = cpu_pool if device == "cpu" else BufferPool(device)
     for i, name in enumerate(names):
         spec = base.specs[name]
         if not is_float_dtype(spec.dtype):
-            b = base.get(name)
-            if stats is not None:
-                stats.bytes_read += spec.nbytes
-                stats.skipped_non_float.append(name)
-            yield name, b, None
+            stats.bytes_read += spec.nbytes
+            stats.skipped_non_float.append(name)
+            yield name, base.get(name), None
         else:
-            shape, cd = tuple(spec.shape), compute_dtype(spec.dtype)
-            same = cd == spec.dtype and device == "cpu"
-            b = base.get_into(name, cpu_pool.get("raw_base", shape, spec.dtype))
-            bd = b if same else dev_pool.get("base_c", shape, cd).copy_(b)
-            acc = _Accumulator(cfg, len(candidates), shape, cd, dev_pool, name)
-            with torch.no_grad():
-                for j, c in enumerate(candidates):
-                    if not acc.wants(j):
-                        continue
-                    raw = c.get_into(name, cpu_pool.get("raw_cand", shape, spec.dtype))
-                    tau = raw if same else dev_pool.get("tau", shape, cd).copy_(raw)
-                    tau.sub_(bd)
-                    acc.add(tau, j)
-                    if stats is not None:
-                        stats.bytes_read += spec.nbytes
-                merged, kept = acc.finish()
+            b, merged, kept, n_read = _merge_one(base, candidates, cfg, spec, device, cpu_pool, dev_pool)
             if not reuse:
                 b, merged = b.clone(), merged.clone()
-            if stats is not None:
-                stats.bytes_read += spec.nbytes
-                stats.numel += spec.numel
-                stats.kept += kept
-                stats.n_tensors += 1
-                stats.per_tensor[name] = (spec.numel, kept)
+            stats.add(spec, kept, n_read)
             yield name, b, merged
-        if stats is not None:
-            stats.seconds = time.perf_counter() - t0
+        stats.seconds = time.perf_counter() - t0
         if progress is not None:
-            progress("merging tensors", i + 1, total)
+            progress("merging tensors", i + 1, len(names))
 
 
 def negate_into(b, tau, lam: float):
-    """theta = theta_pre - lambda * tau, in the compute dtype, cast back to the base's dtype on the CPU."""
+    """Task negation, theta = theta_pre - lambda * tau (NegMerge Sec. 3; Ilharco et al. 2023), in the compute
+    dtype, cast back to the base's dtype on the CPU."""
     if tau is None:
         return b
     bd = b.to(device=tau.device, dtype=tau.dtype)
@@ -389,7 +445,8 @@ def negate_into(b, tau, lam: float):
 def merge_to_checkpoint(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
                         lam: float, out_path, fmt: str = "same", device: str = "cpu", record: dict | None = None,
                         progress: Callable | None = None) -> MergeStats:
-    """Stream base - lam * merge(tau_i) into `out_path` (atomic; base's format unless `fmt` says otherwise)."""
+    """Stream theta_pre - lam * merge(tau_1..tau_N) into `out_path` (atomic; base's format unless `fmt` says
+    otherwise): the streamed form of :func:`negate_into` over :func:`iter_merged`."""
     import torch
 
     open_and_check(base, candidates, cfg)

@@ -23,7 +23,7 @@ def parse_grid(spec: str) -> list[float]:
     """`"0:5:0.25"` (start:stop:step, stop included) or `"0,0.5,1,2"` -> sorted unique floats."""
     s = (spec or "").strip()
     if not s:
-        raise BadInputError("--lam-grid is empty")
+        raise BadInputError("the lambda grid is empty", param="lam_grid")
     try:
         if ":" in s:
             parts = [float(x) for x in s.split(":")]
@@ -31,19 +31,19 @@ def parse_grid(spec: str) -> list[float]:
                 raise ValueError
             a, b, step = parts
             if step <= 0 or b < a:
-                raise BadInputError(f"--lam-grid {spec!r}: need start <= stop and step > 0")
+                raise BadInputError(f"{spec!r}: need start <= stop and step > 0", param="lam_grid")
             n = int(math.floor((b - a) / step + 1e-9)) + 1
             if n > 10_000:
-                raise BadInputError(f"--lam-grid {spec!r}: {n} points is too many")
+                raise BadInputError(f"{spec!r}: {n} points is too many", param="lam_grid")
             vals = [round(a + i * step, 12) for i in range(n)]
         else:
             vals = [float(x) for x in s.split(",") if x.strip()]
     except BadInputError:
         raise
     except ValueError:
-        raise BadInputError(f"--lam-grid {spec!r}: use start:stop:step or a comma list of numbers") from None
+        raise BadInputError(f"{spec!r}: use start:stop:step or a comma list of numbers", param="lam_grid") from None
     if not vals or not all(math.isfinite(v) for v in vals):
-        raise BadInputError(f"--lam-grid {spec!r}: values must be finite numbers")
+        raise BadInputError(f"{spec!r}: values must be finite numbers", param="lam_grid")
     return sorted(set(vals))
 
 
@@ -108,9 +108,9 @@ class CommandEvaluator:
         try:
             self.argv = shlex.split(command)
         except ValueError as e:
-            raise BadInputError(f"--eval-cmd {command!r}: cannot parse ({e})") from None
+            raise BadInputError(f"{command!r}: cannot parse ({e})", param="eval_cmd") from None
         if not self.argv:
-            raise BadInputError("--eval-cmd is empty")
+            raise BadInputError("the evaluation command is empty", param="eval_cmd")
         self.command = command
         self.timeout = timeout
         self.calls = 0
@@ -126,35 +126,43 @@ class CommandEvaluator:
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
         except FileNotFoundError:
-            raise BadInputError(f"--eval-cmd: program {argv[0]!r} not found") from None
+            raise BadInputError(f"program {argv[0]!r} not found", param="eval_cmd") from None
         except subprocess.TimeoutExpired:
-            raise RuntimeFailure(f"--eval-cmd timed out after {self.timeout} s on {path}") from None
+            raise RuntimeFailure(f"timed out after {self.timeout} s on {path}", param="eval_cmd") from None
         if p.returncode != 0:
             tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [""]
-            raise RuntimeFailure(f"--eval-cmd exited with status {p.returncode} on {path}: {tail[0][:200]}")
-        doc = None
-        for line in reversed(p.stdout.strip().splitlines()):
-            try:
-                cand = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(cand, dict):
-                doc = cand
-                break
-        if doc is None:
-            try:
-                doc = json.loads(p.stdout)
-            except ValueError:
-                doc = None
-        if not isinstance(doc, dict):
-            raise RuntimeFailure(f"--eval-cmd printed no JSON object on {path} (expected forget_acc and retain_acc)")
-        out = {}
-        for k in ("forget_acc", "retain_acc"):
-            v = doc.get(k)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise RuntimeFailure(f"--eval-cmd output on {path}: {k!r} missing or not a number (got {v!r})")
-            out[k] = float(v)
-        for k, v in doc.items():
-            if k not in out and isinstance(v, (int, float, str, bool)):
-                out[k] = v
-        return out
+            raise RuntimeFailure(f"exited with status {p.returncode} on {path}: {tail[0][:200]}", param="eval_cmd")
+        return _scores(_last_json_object(p.stdout), path)
+
+
+def _last_json_object(stdout: str) -> dict | None:
+    """The last line of `stdout` that parses as a JSON object, else the whole output if it is one."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            cand = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(cand, dict):
+            return cand
+    try:
+        doc = json.loads(stdout)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _scores(doc: dict | None, path) -> dict:
+    """forget_acc and retain_acc (finite numbers, required) plus the other scalar fields of `doc`."""
+    if doc is None:
+        raise RuntimeFailure(f"printed no JSON object on {path} (expected forget_acc and retain_acc)",
+                             param="eval_cmd")
+    out = {}
+    for k in ("forget_acc", "retain_acc"):
+        v = doc.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise RuntimeFailure(f"output on {path}: {k!r} missing or not a number (got {v!r})", param="eval_cmd")
+        out[k] = float(v)
+    for k, v in doc.items():
+        if k not in out and isinstance(v, (int, float, str, bool)):
+            out[k] = v
+    return out
