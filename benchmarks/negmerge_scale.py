@@ -101,73 +101,100 @@ def generate(folder: Path, size_gb: float, n: int) -> dict:
 # --------------------------------------------------------------------------------------------- children
 
 
+def _paths(folder: Path, n: int):
+    return folder / "base.safetensors", [folder / f"cand_{i:02d}.safetensors" for i in range(n)]
+
+
+def _child_read(folder: Path, n: int) -> int:
+    """Every tensor of the n + 1 files once, through the same positioned reads into a reused buffer as the merge."""
+    import torch
+
+    from icmltools.taskvec import open_checkpoint
+
+    base, cands = _paths(folder, n)
+    total = 0
+    readers = [open_checkpoint(p) for p in [base] + cands]
+    buf = None
+    for name in readers[0].keys():
+        spec = readers[0].specs[name]
+        if buf is None or buf.numel() < spec.numel or buf.dtype != spec.dtype:
+            buf = torch.empty(max(spec.numel, 1), dtype=spec.dtype)
+        for r in readers:
+            r.get_into(name, buf[: spec.numel].view(spec.shape))
+            total += spec.nbytes
+    return total
+
+
+def _child_stream(folder: Path, n: int) -> int:
+    from icmltools.negmerge import merge as M
+    from icmltools.taskvec import open_checkpoint
+
+    base, cands = _paths(folder, n)
+    stats = M.merge_to_checkpoint(open_checkpoint(base), [open_checkpoint(p) for p in cands], M.MergeConfig(),
+                                  1.0, folder / "out_stream.safetensors")
+    return stats.bytes_read
+
+
+def _child_naive(folder: Path, n: int) -> int:
+    """Load all n + 1 state_dicts, merge with torch.stack per tensor, save."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    base, cands = _paths(folder, n)
+    b = load_file(str(base))
+    cs = [load_file(str(p)) for p in cands]
+    out = {}
+    for k, v in b.items():
+        if not v.is_floating_point():
+            out[k] = v
+            continue
+        st = torch.stack([c[k] for c in cs]) - v
+        mask = torch.sign(st).sum(0).abs() == len(cs)
+        tau = torch.where(mask, st.sum(0) / len(cs), torch.zeros(()))
+        out[k] = v - 1.0 * tau
+        del st, mask, tau
+    save_file(out, str(folder / "out_naive.safetensors"))
+    return sum(os.path.getsize(p) for p in [base] + cands)
+
+
+def _compare(folder: Path) -> dict:
+    import torch
+
+    from icmltools.taskvec import open_checkpoint
+
+    a, b2 = open_checkpoint(folder / "out_stream.safetensors"), open_checkpoint(folder / "out_naive.safetensors")
+    worst = 0.0
+    equal = set(a.keys()) == set(b2.keys())
+    for k in a.keys():
+        x, y = a.get(k), b2.get(k)
+        if x.is_floating_point():
+            worst = max(worst, float((x - y).abs().max()))
+        else:
+            equal &= bool(torch.equal(x, y))
+    return {"same_keys_and_buffers": equal, "max_abs_diff": worst}
+
+
+CHILDREN = {"read": _child_read, "stream": _child_stream, "naive": _child_naive}
+
+
 def child(mode: str, folder: Path, n: int) -> dict:
+    """One measurement in this (fresh) process: seconds, bytes, GB/s and peak RSS."""
     import torch
 
     torch.set_num_threads(1)
-    base = folder / "base.safetensors"
-    cands = [folder / f"cand_{i:02d}.safetensors" for i in range(n)]
-    rss_after_imports = None
-    t0 = time.perf_counter()
-    if mode == "read":
-        from icmltools.taskvec import open_checkpoint
-
-        rss_after_imports = _vm("VmRSS")
-        t0 = time.perf_counter()
-        total = 0
-        readers = [open_checkpoint(p) for p in [base] + cands]
-        buf = None
-        for name in readers[0].keys():
-            spec = readers[0].specs[name]
-            if buf is None or buf.numel() < spec.numel or buf.dtype != spec.dtype:
-                buf = torch.empty(max(spec.numel, 1), dtype=spec.dtype)
-            for r in readers:  # the same positioned reads into a reused buffer as the merge
-                r.get_into(name, buf[: spec.numel].view(spec.shape))
-                total += spec.nbytes
-        nbytes = total
-    elif mode == "stream":
-        from icmltools.negmerge import merge as M
-        from icmltools.taskvec import open_checkpoint
-
-        rss_after_imports = _vm("VmRSS")
-        t0 = time.perf_counter()
-        stats = M.merge_to_checkpoint(open_checkpoint(base), [open_checkpoint(p) for p in cands], M.MergeConfig(),
-                                      1.0, folder / "out_stream.safetensors")
-        nbytes = stats.bytes_read
-    elif mode == "naive":
-        from safetensors.torch import load_file, save_file
-
-        rss_after_imports = _vm("VmRSS")
-        t0 = time.perf_counter()
-        b = load_file(str(base))
-        cs = [load_file(str(p)) for p in cands]
-        out = {}
-        for k, v in b.items():
-            if not v.is_floating_point():
-                out[k] = v
-                continue
-            st = torch.stack([c[k] for c in cs]) - v
-            mask = torch.sign(st).sum(0).abs() == len(cs)
-            tau = torch.where(mask, st.sum(0) / len(cs), torch.zeros(()))
-            out[k] = v - 1.0 * tau
-            del st, mask, tau
-        save_file(out, str(folder / "out_naive.safetensors"))
-        nbytes = sum(os.path.getsize(p) for p in [base] + cands)
-    elif mode == "compare":
-        from icmltools.taskvec import open_checkpoint
-
-        a, b2 = open_checkpoint(folder / "out_stream.safetensors"), open_checkpoint(folder / "out_naive.safetensors")
-        worst = 0.0
-        equal = set(a.keys()) == set(b2.keys())
-        for k in a.keys():
-            x, y = a.get(k), b2.get(k)
-            if x.is_floating_point():
-                worst = max(worst, float((x - y).abs().max()))
-            else:
-                equal &= bool(torch.equal(x, y))
-        return {"same_keys_and_buffers": equal, "max_abs_diff": worst}
-    else:
+    if mode == "compare":
+        return _compare(folder)
+    if mode not in CHILDREN:
         raise SystemExit(f"unknown mode {mode}")
+    # every mode's imports happen before the RSS baseline and the clock
+    import safetensors.torch  # noqa: F401
+
+    import icmltools.negmerge.merge  # noqa: F401
+    import icmltools.taskvec  # noqa: F401
+
+    rss_after_imports = _vm("VmRSS")
+    t0 = time.perf_counter()
+    nbytes = CHILDREN[mode](folder, n)
     dt = time.perf_counter() - t0
     return {"seconds": round(dt, 3), "bytes": nbytes, "gb_per_s": round(nbytes / 1e9 / dt, 3),
             "peak_rss_gb": round(_vm("VmHWM") / 1e9, 3), "rss_after_imports_gb": round(rss_after_imports / 1e9, 3)}
