@@ -37,9 +37,9 @@ FILE_PATIENCE = 0       # files: the whole grid, as the official code
 DEMO_PATIENCE = 3       # demo: stop after 3 consecutive grid points below the retain threshold
 DEMO_N_SEEDS = 1
 # 0 .. 10 step 0.05: the selection rule needs a grid fine enough to resolve where each method's retain
-# accuracy crosses 0.95 x the original's (from ~0.3 for MagMax to ~9 for the weakest candidates) and wide
-# enough not to stop the weak candidates at the grid's end; a coarse grid (0 .. 6 step 0.25) picked
-# MagMax at its first non-zero point and stopped 4 of the 27 candidates at its end (seed 0, first seeding).
+# accuracy crosses 0.95 x the original's (0.25-0.3 for MagMax) and wide enough for the weak candidates
+# (one of the 27 still selects 10, the end, on seeds 0-2); the coarse grid 0 .. 6 step 0.25 picked MagMax
+# at its first non-zero point and stopped 4-6 of the 27 candidates at its end (seeds 0-2, docs/negmerge.md).
 DEMO_LAM_GRID_SPEC = "0:10:0.05"
 DEMO_LAM_GRID = tuple(round(0.05 * i, 2) for i in range(201))
 
