@@ -50,16 +50,23 @@ print(','.join(bad))
     assert out.stdout.strip() == "", f"heavy modules imported by --help: {out.stdout.strip()}"
 
 
-def test_options_modules_import_nothing_heavy():
-    """Each method's options module (lists, defaults, paper) is what commands import for --help."""
-    mods = sorted(p.parent.name for p in (ROOT / "icmltools").glob("*/options.py"))
-    assert mods, "no icmltools/<pkg>/options.py"
+LIGHT_EXTRA = ("icmltools.fope.dist", "icmltools.taskvec", "icmltools.taskvec.formats")
+
+
+def test_method_packages_and_options_import_nothing_heavy():
+    """What commands import at module level (each method's package and its options module: lists, defaults,
+    paper) and every command module pull no heavy library, so `--help` stays fast."""
+    pkgs = sorted(p.parent.name for p in (ROOT / "icmltools").glob("*/options.py"))
+    assert pkgs, "no icmltools/<pkg>/options.py"
+    mods = [f"icmltools.{p}" for p in pkgs] + [f"icmltools.{p}.options" for p in pkgs] + list(LIGHT_EXTRA)
+    mods += [f"icmltools.commands.{m}" for m, _ in COMMANDS.values()]
+    heavy = HEAVY + ("matplotlib", "safetensors", "mujoco")
     code = ("import importlib, sys\n"
-            f"for m in {mods!r}: importlib.import_module('icmltools.' + m + '.options')\n"
-            f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+            f"for m in {mods!r}: importlib.import_module(m)\n"
+            f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "", f"options modules import {out.stdout.strip()}"
+    assert out.stdout.strip() == "", f"light modules import {out.stdout.strip()}"
 
 
 def test_icml_help_subprocess():

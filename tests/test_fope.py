@@ -164,14 +164,6 @@ def test_one_list_each():
     assert PADS is options.PADS
 
 
-def test_options_and_package_import_no_heavy_module():
-    code = ("import sys, icmltools.fope, icmltools.fope.options, icmltools.fope.dist; "
-            "print(','.join(m for m in ('torch', 'numpy', 'rich', 'click') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
-
-
 def test_library_errors_name_parameters_not_flags():
     from icmltools.core.errors import BadInputError
     from icmltools.fope import api

@@ -393,18 +393,6 @@ def test_collected_door_episodes_replay_to_the_experts_success(tmp_path, task):
 # --------------------------------------------------------------------------------------------- issue 11
 
 
-def test_options_module_imports_no_heavy_module():
-    import subprocess
-    import sys
-
-    code = ("import sys, icmltools.goskill, icmltools.goskill.options as o, icmltools.commands.goskill\n"
-            "assert o.STAGES[0] == 'collect' and o.REFERENCE['arxiv'] == '2507.06628'\n"
-            "print(','.join(m for m in ('numpy', 'torch', 'gymnasium', 'metaworld') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
-
-
 def _tensors(path):
     from icmltools.core.checkpoint import load_safetensors
 

@@ -451,16 +451,6 @@ def test_streaming_accumulator_equals_list_kernels(method, dare):
 # --------------------------------------------------------------------------------------------- house pattern
 
 
-def test_options_import_nothing_heavy():
-    """The command imports the options module (and the package) for --help: no numpy, torch, sklearn."""
-    import subprocess
-
-    code = ("import sys, icmltools.negmerge, icmltools.negmerge.options\n"
-            "print([m for m in ('torch', 'numpy', 'scipy', 'sklearn', 'safetensors') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
 def test_registry_matches_the_options_list():
     from icmltools.negmerge import options
 

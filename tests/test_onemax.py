@@ -287,17 +287,6 @@ def test_cli_missing_price_file_exit_2(run_cli):
 # ------------------------------------------------------------------------------------------ the house pattern
 
 
-def test_options_module_imports_nothing_heavy():
-    import subprocess
-    import sys
-
-    code = ("import sys, icmltools.onemax.options, icmltools.onemax, icmltools.commands.onemax_sim; "
-            "print(','.join(m for m in ('numpy', 'torch', 'scipy', 'matplotlib') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
-
-
 def test_lists_live_once_and_api_picks_error_levels():
     from icmltools.onemax import options
 

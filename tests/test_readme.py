@@ -2,7 +2,8 @@
 executed and its output compared with the text block.
 
 The bash block holds one line, `icml ARGS | jq [-c] 'FILTER'` (or `icml ARGS` alone); the text block holds
-the outputs, one JSON value per line as `jq -c` prints them. Numbers must agree to the digits shown.
+the outputs, one JSON value per line as `jq -c` prints them. Numbers must agree to the digits shown. An
+HTML comment `<!-- slow -->` right before the bash block marks an example that takes more than a few seconds.
 """
 import json
 import math
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FENCE = re.compile(r"```bash\n(?P<cmd>[^`]*?)```\s*\n```text\n(?P<out>[^`]*?)```", re.S)
+FENCE = re.compile(r"(?P<slow><!-- slow -->\s*\n)?```bash\n(?P<cmd>[^`]*?)```\s*\n```text\n(?P<out>[^`]*?)```", re.S)
 
 
 def examples():
@@ -21,7 +22,8 @@ def examples():
         text = doc.read_text(encoding="utf-8")
         for m in FENCE.finditer(text):
             line = text[: m.start()].count("\n") + 1
-            yield pytest.param(m.group("cmd").strip(), m.group("out").strip(), id=f"{doc.name}:{line}")
+            marks = [pytest.mark.slow] if m.group("slow") else []
+            yield pytest.param(m.group("cmd").strip(), m.group("out").strip(), id=f"{doc.name}:{line}", marks=marks)
 
 
 def _close(expected, got) -> bool:

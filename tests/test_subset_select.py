@@ -424,18 +424,6 @@ def test_cli_evaluate_with_test_split_and_scores(tmp_path, run_cli):
 # ------------------------------------------------------------------------------------ the house pattern
 
 
-def test_options_module_imports_nothing_heavy():
-    """The command's module-level imports (options) pull no numpy/torch/scikit-learn."""
-    import subprocess
-    import sys
-
-    code = ("import sys, icmltools.subset.options, icmltools.subset, icmltools.commands.subset_select; "
-            "print(','.join(m for m in ('numpy', 'torch', 'sklearn', 'scipy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
-
-
 def test_registry_follows_options_and_api_picks_defaults():
     from icmltools.subset import api, options
 

@@ -222,17 +222,6 @@ def test_safetensors_reader_is_lazy(tmp_path, monkeypatch):
     assert calls == ["t3"]
 
 
-def test_import_is_light():
-    """The shared I/O package imports without torch, numpy or safetensors (tensors are read on demand)."""
-    import subprocess
-    import sys
-
-    code = ("import sys, icmltools.taskvec\n"
-            "print([m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-
-
 def test_readers_close(tmp_path):
     sd = _sd()
     torch.save(sd, tmp_path / "m.pt")

@@ -56,7 +56,8 @@ class Stream:
         return np.random.Generator(np.random.PCG64(self.seed_sequence()))
 
     def int(self, bits: int = 63) -> int:
-        """A non-negative integer seed below 2**bits, for APIs that take an int (SCIP, scikit-learn)."""
+        """A non-negative integer seed below 2**bits, for APIs that take an int: bits=32 for scikit-learn and
+        numpy's legacy RandomState, 31 for SCIP."""
         import numpy as np
 
         word = int(self.seed_sequence().generate_state(1, dtype=np.uint64)[0])
