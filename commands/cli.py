@@ -54,7 +54,10 @@ class LazyGroup(click.Group):
         except click.ClickException as e:
             click.echo(f"Error: {e.format_message()}", err=True)
             sys.exit(e.exit_code)
-        except (click.Abort, KeyboardInterrupt, EOFError):
+        except (click.Abort, KeyboardInterrupt, EOFError) as e:
+            if isinstance(e, KeyboardInterrupt) or isinstance(e.__cause__, KeyboardInterrupt):
+                click.echo("Error: interrupted (nothing was written)", err=True)
+                sys.exit(130)
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)

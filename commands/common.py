@@ -63,8 +63,12 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
     unless ICML_DEBUG=1."""
     try:
         return fn()
-    except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError, KeyboardInterrupt):
+    except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
         raise
+    except KeyboardInterrupt:
+        err = click.ClickException("interrupted (nothing was written)")
+        err.exit_code = 130
+        raise err from None
     except IcmlError as e:
         if debug_enabled():
             traceback.print_exc(file=sys.stderr)
@@ -202,11 +206,29 @@ def standard_options(seed: bool = True, device: bool = False, threads: bool = Fa
 HOUSE_SETTINGS = {"help_option_names": ["-h", "--help"], "show_default": True}
 
 
+def check_finite(ctx: click.Context | None) -> None:
+    """Refuse NaN/inf in every float option (plain, ranged, repeated): click's FloatRange lets NaN through.
+    A usage error naming the option, before any work."""
+    import math
+
+    if ctx is None:
+        return
+    for p in ctx.command.params:
+        if not isinstance(p.type, click.types.FloatParamType):
+            continue
+        value = ctx.params.get(p.name)
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            raise click.BadParameter("must be a finite number", ctx=ctx, param=p)
+
+
 def maps_params(aliases: dict | None = None):
-    """Wrap a callback so that a library error naming a parameter is shown with its flag (`--lam: ...`)."""
+    """Wrap a callback: float options are checked finite, and a library error naming a parameter is
+    shown with its flag (`--lam: ...`)."""
     def deco(f):
         @functools.wraps(f)
         def wrapper(*args, **kwargs):
+            check_finite(click.get_current_context(silent=True))
             try:
                 return f(*args, **kwargs)
             except IcmlError as e:
@@ -420,10 +442,15 @@ class CommandRun:
         self._write(dumps(record) + "\n")
 
     # ---- the run folder
-    def make_dir(self, out=None, allow_existing: bool = False, config: dict | None = None):
+    def make_dir(self, out=None, allow_existing: bool = False, config: dict | None = None, resumable: bool = False):
         """Create (or, with `allow_existing`, reuse) the run folder: `--out DIR` or
         `$ICML_RUNS_DIR/<command>/<timestamp>/`; writes `config.json` (command, version, seed, params, and
-        the library's resolved `config` if given) and records both in the artifacts."""
+        the library's resolved `config` if given) and records both in the artifacts.
+
+        If the command fails, a folder this run created is removed when it holds nothing but config.json;
+        if it is interrupted (Ctrl-C), it is removed whole, unless `resumable` (it holds checkpoints that
+        a rerun can resume from: kept, and said on stderr)."""
+        self._resumable = resumable
         from pathlib import Path
 
         from icmltools.core.jsonio import atomic_write_json
@@ -449,7 +476,7 @@ class CommandRun:
 
         return __version__
 
-    def _finish_dir(self, ok: bool) -> None:
+    def _finish_dir(self, ok: bool, interrupted: bool = False) -> None:
         if self.run_dir is None:
             return
         if ok:
@@ -457,12 +484,16 @@ class CommandRun:
 
             atomic_write_json(self.run_dir / "result.json", self.result)
             self.artifacts["result"] = str(self.run_dir / "result.json")
-        elif self._made_dir:
-            import shutil
+            return
+        if not self._made_dir or not self.run_dir.exists():
+            return
+        import shutil
 
-            left = [p.name for p in self.run_dir.iterdir()] if self.run_dir.exists() else []
-            if set(left) <= {"config.json"}:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
+        left = {p.name for p in self.run_dir.iterdir()}
+        if interrupted and getattr(self, "_resumable", False) and left - {"config.json"}:
+            self.console.print(f"interrupted: partial run kept in {self.run_dir} (resume from it)", highlight=False)
+        elif interrupted or left <= {"config.json"}:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # ---- the envelope
     def envelope(self) -> dict:
@@ -490,7 +521,7 @@ class CommandRun:
                 self._write(text + "\n")
             else:
                 self._restore_stdout()
-                self._finish_dir(ok=False)
+                self._finish_dir(ok=False, interrupted=issubclass(exc_type, KeyboardInterrupt))
         finally:
             if self._out_owned:
                 with contextlib.suppress(Exception):

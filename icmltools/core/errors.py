@@ -50,6 +50,12 @@ class InfeasibleError(IcmlError):
     exit_code = 1
 
 
+class OutputError(IcmlError):
+    """An output file or folder cannot be written (permissions, a folder in the way, a full disk)."""
+
+    exit_code = 1
+
+
 class RuntimeFailure(IcmlError):
     """Anything else that went wrong while running a method."""
 

@@ -80,18 +80,35 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
     Use it for writers that want a file name (torch.save, safetensors, PySCIPOpt).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or ".tmp" + path.suffix)
+    with output_errors(path):
+        if path.is_dir():
+            raise IsADirectoryError(21, "is a directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix or ".tmp" + path.suffix)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         apply_umask(tmp_path)  # mkstemp makes 0600; give the result normal permissions
-        os.replace(tmp_path, path)
+        with output_errors(path):
+            os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+@contextlib.contextmanager
+def output_errors(path: str | os.PathLike) -> Iterator[None]:
+    """OS errors while creating an output become one `cannot write PATH: reason` error naming the
+    user's path (not a temporary file)."""
+    try:
+        yield
+    except OSError as e:
+        from .errors import OutputError
+
+        reason = (e.strerror or type(e).__name__).lower()
+        raise OutputError(f"cannot write {path}: {reason}") from None
 
 
 def apply_umask(path: str | os.PathLike) -> None:

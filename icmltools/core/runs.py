@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from .errors import BadInputError
+from .jsonio import output_errors
 
 
 def runs_root() -> Path:
@@ -24,7 +25,8 @@ def make_run_dir(command: str, out: str | os.PathLike | None = None, allow_exist
         if d.exists() and any(d.iterdir()) and not allow_existing:
             raise BadInputError(f"{d}: directory is not empty", param="out",
                               hint="choose a new folder (or resume where supported)")
-        d.mkdir(parents=True, exist_ok=True)
+        with output_errors(d):
+            d.mkdir(parents=True, exist_ok=True)
         return d
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = runs_root() / command
@@ -33,5 +35,6 @@ def make_run_dir(command: str, out: str | os.PathLike | None = None, allow_exist
     while d.exists():
         d = base / f"{stamp}-{i}"
         i += 1
-    d.mkdir(parents=True)
+    with output_errors(d):
+        d.mkdir(parents=True)
     return d

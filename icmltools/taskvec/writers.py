@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
-from icmltools.core.jsonio import apply_umask, atomic_path, atomic_write_json, dumps
+from icmltools.core.jsonio import apply_umask, atomic_path, atomic_write_json, dumps, output_errors
 
 from .formats import (
     PT_INDEX,
@@ -123,8 +123,9 @@ class CheckpointWriter:
         if self.folder:
             if self.path.exists() and (not self.path.is_dir() or any(self.path.iterdir())):
                 raise BadInputError(f"{self.path}: output folder exists and is not empty")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.tmpdir = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.tmp-"))
+            with output_errors(self.path):
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.tmpdir = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.tmp-"))
         else:
             self.tmpdir = None
         self._shard_i = -1
@@ -208,9 +209,10 @@ class CheckpointWriter:
         try:
             self._stack.close()  # renames each finished temp file into place
             if self.folder:
-                if self.path.exists():
-                    self.path.rmdir()  # empty (checked on open)
-                os.replace(self.tmpdir, self.path)
+                with output_errors(self.path):
+                    if self.path.exists():
+                        self.path.rmdir()  # empty (checked on open)
+                    os.replace(self.tmpdir, self.path)
                 self.tmpdir = None
             else:
                 atomic_write_json(sidecar_path(self.path), self.record)

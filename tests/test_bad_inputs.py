@@ -1,0 +1,136 @@
+"""The bad-input catalogue: what a user gets wrong, and what every command must answer.
+
+Each row: exit code, exactly one line on stderr (no traceback), and no file left behind. Generic rows
+cover every command at once (every float option refuses NaN/inf; unknown options; outputs that cannot be
+written; Ctrl-C); command-specific rows follow in CASES. Add a row for every bad input you fix.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from icmltools.commands.cli import cli
+from icmltools.commands.registry import COMMANDS
+
+
+def _leaves(cmd: click.Command, path: tuple):
+    """Every runnable (sub)command with its argv prefix."""
+    if isinstance(cmd, click.Group):
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            yield from _leaves(cmd.get_command(ctx, name), path + (name,))
+    else:
+        yield path, cmd
+
+
+def _all_commands():
+    ctx = click.Context(cli)
+    for name in sorted(COMMANDS):
+        yield from _leaves(cli.get_command(ctx, name), (name,))
+
+
+def _args(cmd: click.Command) -> list[str]:
+    """Placeholders for required positional arguments (the option check comes before any file is read)."""
+    return ["missing-input.file" for p in cmd.params if isinstance(p, click.Argument) and p.required]
+
+
+FLOAT_OPTIONS = [pytest.param(path, opt.opts[-1], _args(cmd), id=" ".join(path) + " " + opt.opts[-1])
+                 for path, cmd in _all_commands() for opt in cmd.params
+                 if isinstance(opt, click.Option) and isinstance(opt.type, click.types.FloatParamType)]
+
+
+def _one_line_error(res, code):
+    assert res.exit_code == code, (res.exit_code, res.stdout[-500:], res.stderr[-1000:])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert "Traceback" not in res.stderr
+    assert res.stdout == ""
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _nothing_written(tmp_path: Path):
+    left = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert not left, left
+
+
+@pytest.mark.parametrize("path,flag,args", FLOAT_OPTIONS)
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_every_float_option_refuses_non_finite(path, flag, args, value, in_tmp):
+    res = CliRunner().invoke(cli, [*path, *args, flag, value])
+    if res.exit_code == 2 and "finite" not in res.stderr:  # a range check may answer first (inf > max)
+        assert "range" in res.stderr or "finite" in res.stderr, res.stderr
+    _one_line_error(res, 2)
+    assert flag in res.stderr
+    _nothing_written(in_tmp)
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=" ".join(p)) for p, _ in _all_commands()])
+def test_unknown_option_is_a_usage_error(path, in_tmp):
+    res = CliRunner().invoke(cli, [*path, "--no-such-option"])
+    _one_line_error(res, 2)
+    assert "--no-such-option" in res.stderr
+    _nothing_written(in_tmp)
+
+
+OUT_INTO_A_FILE = {  # a command that makes a run folder, pointed under a regular file
+    "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
+    "fope-train": ["--steps", "2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--batch-size", "2",
+                   "--train-length", "16", "--eval-factors", "1", "--eval-samples", "2"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_INTO_A_FILE))
+def test_unwritable_run_folder_names_the_users_path(name, in_tmp):
+    (in_tmp / "afile").write_text("x")
+    res = CliRunner().invoke(cli, [name, "-q", "--threads", "1", *OUT_INTO_A_FILE[name], "--out", "afile/run"])
+    _one_line_error(res, 1)
+    assert "cannot write afile/run: not a directory" in res.stderr
+    assert [p.name for p in in_tmp.iterdir()] == ["afile"]
+
+
+def test_unwritable_output_file_names_the_users_path(in_tmp):
+    (in_tmp / "afile").write_text("x")
+    res = CliRunner().invoke(cli, ["onemax-sim", "--mode", "worst-case", "--plot", "afile/p.png"])
+    _one_line_error(res, 1)
+    assert "cannot write afile/p.png" in res.stderr and ".tmp" not in res.stderr
+
+
+# Ctrl-C: a real SIGINT in a subprocess, once the command is well into its work.
+INTERRUPT = {
+    "fope-train": ["fope-train", "--threads", "1"],
+    "negmerge": ["negmerge", "--threads", "1"],
+    "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--extract-iters", "100000"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(INTERRUPT))
+def test_ctrl_c_stops_at_once_and_writes_nothing(name, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
+    env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
+    p = subprocess.Popen([sys.executable, "-m", "icmltools", *INTERRUPT[name]], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    time.sleep(6)
+    assert p.poll() is None, "finished before the signal"
+    t0 = time.perf_counter()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert time.perf_counter() - t0 < 15
+    assert p.returncode == 130, err.decode()[-1000:]
+    assert out == b""
+    assert err.decode().strip().splitlines()[-1] == "Error: interrupted (nothing was written)"
+    assert "Traceback" not in err.decode()
+    left = [f for f in (tmp_path / "runs").rglob("*") if f.is_file()] if (tmp_path / "runs").exists() else []
+    assert not left, left
