@@ -338,6 +338,7 @@ class CommandRun:
         self._saved_fd: int | None = None
         self._out = None
         self._streamed = False
+        self._tables: list = []
 
     # ---- set-up
     def _setup_logging(self):
@@ -495,6 +496,25 @@ class CommandRun:
         elif interrupted or left <= {"config.json"}:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
+    # ---- the summary a person reads
+    def table(self, title: str, columns: list[str], rows: list[list]) -> None:
+        """A summary table for a person at a terminal: drawn on stderr (rich) when the command succeeds,
+        unless -q or stderr is not a terminal. The JSON on stdout is unchanged."""
+        self._tables.append((title, list(columns), [list(r) for r in rows]))
+
+    def _draw_tables(self) -> None:
+        if not self._tables or self.quiet or not self.console.is_terminal:
+            return
+        from rich.table import Table
+
+        for title, columns, rows in self._tables:
+            t = Table(title=title, title_justify="left")
+            for c in columns:
+                t.add_column(str(c), justify="left" if c == columns[0] else "right")
+            for r in rows:
+                t.add_row(*[_cell(v) for v in r])
+            self.console.print(t)
+
     # ---- the envelope
     def envelope(self) -> dict:
         device = self.device
@@ -514,6 +534,7 @@ class CommandRun:
                 self._restore_stdout()
             elif exc_type is None:
                 self._finish_dir(ok=True)
+                self._draw_tables()
                 doc = self.envelope()
                 indent = 2 if (not self._streamed and _is_tty(self._out)) else None
                 text = dumps(doc, indent=indent)
@@ -527,6 +548,12 @@ class CommandRun:
                 with contextlib.suppress(Exception):
                     self._out.close()
         return False
+
+
+def _cell(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "" if v is None else str(v)
 
 
 def _is_tty(stream) -> bool:

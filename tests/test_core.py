@@ -196,3 +196,32 @@ def test_set_threads_sizes_torch_and_child_processes(monkeypatch):
             set_threads(0)
     finally:
         torch.set_num_threads(old)
+
+
+# ------------------------------------------------------------------------------------------------ summary table
+
+
+def test_summary_table_on_a_terminal_only_and_json_unchanged(monkeypatch):
+    import io
+
+    from rich.console import Console
+
+    buf = io.StringIO()
+    term = Console(file=buf, force_terminal=True, width=100)
+
+    @common.command("tb")
+    @common.standard_options(seed=False)
+    @click.pass_context
+    def tb(ctx, quiet, verbose):
+        with common.CommandRun(ctx, "tb", packages=()) as run:
+            run.result = {"x": 1}
+            run.table("Demo", ["method", "ratio"], [["smooth", 0.3084339586], ["sun", 0.19309]])
+
+    monkeypatch.setattr(common, "stderr_console", lambda quiet=False: term)
+    r = _invoke(tb, [])
+    assert r.exit_code == 0 and json.loads(r.stdout)["result"] == {"x": 1}
+    out = buf.getvalue()
+    assert "Demo" in out and "smooth" in out and "0.3084" in out
+    buf.truncate(0)
+    r = _invoke(tb, ["-q"])
+    assert r.exit_code == 0 and "smooth" not in buf.getvalue()
