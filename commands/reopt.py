@@ -94,7 +94,7 @@ def cli(ctx, quiet, verbose):
     Predicts a solution space for a new instance from solved history instances, fixes variables chosen by
     Thompson sampling, releases fixings group-wise when a sub-MIP is infeasible, and compares with plain
     SCIP, SCIP warm-started with the previous solution, and SCIP's own reoptimization under the same time
-    limit. Without a subcommand it runs `demo`: a tiny generated series, every method, 20-60 s.
+    limit. Without a subcommand it runs `demo`: two tiny generated series, every method, a few seconds.
     """
     flags = ctx.ensure_object(dict)  # shared with the root group: subcommands merge these with their own
     flags.update(quiet=bool(flags.get("quiet")) or quiet, verbose=(flags.get("verbose") or 0) + verbose)
