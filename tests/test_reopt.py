@@ -3,8 +3,6 @@ instances (1 s limits), relaxation on infeasible fixings, bad input, and the CLI
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -376,14 +374,6 @@ def test_cli_bad_input(run_cli, tmp_path, obj_series):
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "icmltools" / "reopt"
-
-
-def test_options_module_imports_no_heavy_module():
-    code = ("import sys; import icmltools.reopt.options as o; assert o.SolveConfig().validate(); "
-            "print(','.join(m for m in ('numpy', 'scipy', 'torch', 'pyscipopt', 'rich') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == ""
 
 
 def test_no_ad_hoc_seeding_threads_or_flags_in_library():
