@@ -12,4 +12,5 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     "reopt": ("reopt", "VP-OR-style reoptimization of modified MILPs on SCIP, with baselines, generators, bench."),
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
+    "shap-pay": ("shap_pay", "M^Shap reciprocally fair federated-learning payments: Shapley payments and equilibria vs M0."),
 }
