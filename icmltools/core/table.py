@@ -21,12 +21,15 @@ def read_column(text: str, source: str, column: str | int | None = None,
                 tab: bool = False) -> tuple[list[str], list[int]]:
     """Return (values, line numbers) of one column of `text`, stripped strings in file order.
 
-    Blank lines and lines starting with `#` are skipped. The delimiter is a tab (or `tab=True`), else `,`, else
-    `;`, else whitespace. The first row is a header when `column` is a name, or when every cell of it is
-    non-numeric while the next row has a number (so a headerless file with a text column such as dates keeps
-    its first row). `column` is a header name or an index (negative counts from the end); default: the last
-    column. Errors name `source`, the column or the line at fault.
+    A leading UTF-8 byte-order mark is dropped. Blank lines and lines starting with `#` are skipped. The
+    delimiter is a tab (or `tab=True`), else `,`, else `;`, else whitespace. The first row is a header when
+    `column` is a name, or when every cell of it is non-numeric while the next row has a number (so a
+    headerless file with a text column such as dates keeps its first row). `column` is a header name or an
+    index (negative counts from the end); default: the last column. Errors name `source`, the column or the
+    line at fault.
     """
+    if text.startswith("\ufeff"):  # a UTF-8 byte-order mark (Excel, Notepad) is not part of the first value
+        text = text[1:]
     numbered = [(i + 1, ln) for i, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not numbered:
         raise BadInputError(f"{source}: no values (empty input)")
