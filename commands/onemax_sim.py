@@ -54,7 +54,8 @@ _ERRORS_HELP = (f"Prediction-error levels E in (0, 1] (1 = exact). Default: {opt
 @click.option("--stride", type=click.IntRange(min=1), default=OneMaxConfig.stride, help="Step between window starts.")
 @click.option("--m", "lower", type=float, default=None, help="Declared lower price bound m (with --M).")
 @click.option("--M", "upper", type=float, default=None,
-              help="Declared upper price bound M. Without both, each window's own min/max is used (look-ahead).")
+              help="Declared upper price bound M. Without both, each window's own min/max is used: a look-ahead "
+                   "that caps over-predictions at the window maximum (a warning on stderr and in result.warnings).")
 @click.option("--market-length", type=click.IntRange(min=2), default=OneMaxConfig.market_length,
               help=f"Length of the embedded synthetic market (bounds {list(options.MARKET_BOUNDS)}).")
 @click.option("--market", type=click.Choice(options.MARKETS), default=OneMaxConfig.market,
@@ -91,3 +92,12 @@ def cli(ctx, mode, theta, lam, robustness, algorithms, rho, hn, hp, errors, nois
         with run.timer.phase("compute_s"), run.progress() as cb:
             run.result, art = api.run(cfg, seed, stdin_text=stdin_text, progress=cb)
         run.artifacts.update(art)
+        res = run.result
+        if res["mode"] == "empirical":
+            bounds = (f"declared [{res['bounds']['m']:g}, {res['bounds']['M']:g}]" if not res["bounds"]["lookahead"]
+                      else "each window's own min/max (LOOK-AHEAD)")
+            run.log(f"onemax-sim: {res['n_windows']} windows of {res['window']} prices from {res['source']}; "
+                    f"bounds: {bounds}; theta {res['theta']:.4g}" + (" (median of the windows)" if
+                                                                     res["theta_is_median_of_windows"] else ""))
+        for warning in res.get("warnings", []):  # also in the JSON: result.warnings
+            run.log(f"Warning: {warning} (--m/--M)" if warning.startswith("look-ahead") else f"Warning: {warning}")

@@ -254,34 +254,115 @@ def test_cli_plot(run_cli, tmp_path):
     assert png2.read_bytes()[:4] == b"\x89PNG" and doc["artifacts"]["plot"] == str(png2)
 
 
-@pytest.mark.parametrize("content,extra,msg", [
-    ("", [], "empty"),
-    ("1\n2\nfoo\n", [], "row 3"),
-    ("1\n-2\n3\n", [], "positive"),
-    ("1\nnan\n3\n", [], "finite"),
-    ("60\n900\n70\n", ["--m", "50", "--M", "800"], "outside"),
-])
-def test_cli_bad_price_files(run_cli, tmp_path, content, extra, msg):
-    f = tmp_path / "p.csv"
-    f.write_text(content)
-    png = tmp_path / "never.png"
-    res, _ = run_cli(["onemax-sim", "--prices", str(f), "--window", "2", "--plot", str(png), *extra], expect_code=2)
-    assert msg in res.stderr and "Traceback" not in res.stderr
-    assert res.stderr.strip().count("\n") == 0  # one line
-    assert res.stdout == "" and not png.exists()
+# --------------------------------------------------------------------------------------- bad inputs (issue 19)
+# The command's rows of the project's bad-input catalogue (tests/test_bad_inputs.py holds the generic rows):
+# argv after `onemax-sim`, the exit code, a substring of the one stderr line. Every row runs in an empty folder
+# holding FILES (and ICML_RUNS_DIR under it), with empty stdin, and must leave no file behind.
+FILES = {
+    "prices.txt": "\n".join(f"{60 + (7 * k) % 700}" for k in range(300)) + "\n",
+    "short.txt": "1\n2\n3\n",
+    "flat.txt": "50\n50\n50\n",
+    "empty.txt": "",
+    "comments.txt": "# prices, none yet\n\n",
+    "table.csv": "date,close\n2024-01-01,5\n2024-01-02,6\n2024-01-03,7\n",
+    "nan.csv": "date,close\nd1,5\nd2,nan\nd3,6\n",
+    "inf.txt": "5\ninf\n6\n",
+    "negative.txt": "5\n-2\n6\n",
+    "zero.txt": "5\n0\n6\n",
+    "huge.txt": "5\n1e400\n6\n",
+    "word.txt": "1\n2\nfoo\n",
+    "ragged.csv": "a,b\n1,2\n3\n",
+    "outside.txt": "60\n900\n70\n",
+    "binary.dat": b"\x00\x01\x02\xff\xfe",
+    "folder/keep.txt": "1\n",
+}
+
+BAD_INPUTS = [
+    # the price file
+    (["--prices", "empty.txt"], 2, "empty.txt: no values (empty input)"),
+    (["--prices", "comments.txt"], 2, "comments.txt: no values"),
+    (["--prices", "-"], 2, "<stdin>: no values (empty input)"),
+    (["--prices", "missing.csv"], 2, "missing.csv: no such file"),
+    (["--prices", "folder"], 2, "folder: is a directory"),
+    (["--prices", "binary.dat"], 2, "binary.dat: not a UTF-8 text file"),
+    (["--prices", "table.csv", "--column", "price"], 2, "no column named 'price' (columns: date, close)"),
+    (["--prices", "table.csv", "--column", "5"], 2, "column 5 out of range"),
+    (["--prices", "ragged.csv"], 2, "ragged.csv: line 3 has 1 column(s)"),
+    (["--prices", "word.txt", "--window", "2"], 2, "word.txt: line 3: not a number: 'foo'"),
+    (["--prices", "nan.csv", "--window", "2", "--plot", "never.png"], 2,
+     "nan.csv: line 3, last column: price 'nan' is not finite"),
+    (["--prices", "nan.csv", "--column", "close"], 2, "nan.csv: line 3, column 'close': price 'nan' is not finite"),
+    (["--prices", "nan.csv", "--column", "1"], 2, "nan.csv: line 3, column 1: price 'nan' is not finite"),
+    (["--prices", "inf.txt", "--window", "2"], 2, "inf.txt: line 2: price 'inf' is not finite"),
+    (["--prices", "huge.txt", "--window", "2"], 2, "huge.txt: line 2: price '1e400' is not finite"),
+    (["--prices", "negative.txt", "--window", "2"], 2, "negative.txt: line 2: price '-2' is not positive"),
+    (["--prices", "zero.txt", "--window", "2"], 2, "zero.txt: line 2: price '0' is not positive"),
+    # windows and bounds
+    (["--prices", "short.txt", "--window", "10", "--plot", "never.png"], 2,
+     "--window: short.txt: 3 prices, fewer than the window length 10"),
+    (["--market-length", "100"], 2, "100 prices, fewer than the window length 200"),
+    (["--prices", "short.txt", "--window", "2", "--noise", "prev-max"], 2, "--window: short.txt: 3 prices; prev-max"),
+    (["--prices", "prices.txt", "--m", "800", "--M", "50"], 2, "--m: need 0 < m < M, got m=800.0, M=50.0"),
+    (["--prices", "prices.txt", "--m", "0", "--M", "800"], 2, "--m: need 0 < m < M"),
+    (["--prices", "prices.txt", "--m", "-5", "--M", "800"], 2, "--m: need 0 < m < M"),
+    (["--prices", "prices.txt", "--m", "50"], 2, "--M: give both m and M"),
+    (["--prices", "prices.txt", "--M", "800"], 2, "--m: give both m and M"),
+    (["--prices", "prices.txt", "--m", "1e-300", "--M", "1e300"], 2, "--M: M/m = inf must be <= 1e300"),
+    (["--prices", "flat.txt", "--window", "2", "--m", "50", "--M", "50.00000000001"], 2, "--M: M/m = "),
+    (["--prices", "outside.txt", "--window", "2", "--m", "50", "--M", "800", "--plot", "never.png"], 2,
+     "lies outside the declared [m, M]"),
+    (["--prices", "prices.txt", "--m", "50", "--M", "800", "--robustness", "0.01"], 2,
+     "--robustness: must lie in [1/theta, theta^-1/2] = [0.0625, 0.25]"),
+    (["--prices", "prices.txt", "--errors", "0"], 2, "--errors: values are E = min(y/p*, p*/y) and must lie in (0, 1]"),
+    (["--window", "1"], 2, "--window"),
+    (["--stride", "0"], 2, "--stride"),
+    # modes and parameters
+    (["--mode", "worst-case", "--prices", "prices.txt"], 2, "--prices is read only in --mode empirical"),
+    (["--mode", "stochastic", "--noise", "prev-max"], 2, "--noise: prev-max is not available in stochastic mode"),
+    (["--mode", "worst-case", "--theta", "1"], 2, "--theta"),
+    (["--mode", "worst-case", "--theta", "0.5"], 2, "--theta"),
+    (["--mode", "worst-case", "--theta", "1.0000000000001"], 2, "--theta: must lie in [1 + 1e-9, 1e300]"),
+    (["--mode", "worst-case", "--theta", "1e308"], 2, "--theta: must lie in [1 + 1e-9, 1e300]"),
+    (["--mode", "worst-case", "--theta", "1e16", "--robustness", "1e-17"], 2, "--robustness: must lie in [1/theta"),
+    (["--mode", "worst-case", "--robustness", "0.5"], 2, "--robustness"),
+    (["--mode", "worst-case", "--lam", "1.5"], 2, "--lam"),
+    (["--mode", "worst-case", "--lam", "-0.1"], 2, "--lam"),
+    (["--mode", "worst-case", "--hn", "1"], 2, "--hn"),
+    (["--mode", "worst-case", "--algorithms", "nope"], 2, "nope"),
+    (["--mode", "worst-case", "--errors", "0,2"], 2, "--errors"),
+    (["--mode", "worst-case", "--errors", "0.9,x"], 2, "--errors"),
+    (["--mode", "stochastic", "--n-windows", "0"], 2, "--n-windows"),
+    (["--mode", "worst-case", "--plot", "profiles.txt"], 2, "--plot: profiles.txt: cannot write format 'txt'"),
+    (["--mode", "worst-case", "--bogus"], 2, "--bogus"),
+]
 
 
-@pytest.mark.parametrize("args", [["--theta", "1"], ["--theta", "0.5"], ["--lam", "1.5"], ["--lam", "-0.1"],
-                                  ["--robustness", "0.5"], ["--algorithms", "nope"], ["--errors", "0,2"],
-                                  ["--prices", "x.csv"], ["--bogus"]])
-def test_cli_bad_parameters_exit_2(run_cli, args):
-    res, _ = run_cli(["onemax-sim", "--mode", "worst-case", *args], expect_code=2)
-    assert "Traceback" not in res.stderr and "Error" in res.stderr
+@pytest.fixture
+def price_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, content in FILES.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        if isinstance(content, bytes):
+            (tmp_path / name).write_bytes(content)
+        else:
+            (tmp_path / name).write_text(content, encoding="utf-8")
+    return tmp_path
 
 
-def test_cli_missing_price_file_exit_2(run_cli):
-    res, _ = run_cli(["onemax-sim", "--prices", "/no/such/file"], expect_code=2)
-    assert "no such file" in res.stderr
+@pytest.mark.parametrize("argv,code,msg", [pytest.param(*row, id=" ".join(row[0])) for row in BAD_INPUTS])
+def test_bad_inputs(price_files, argv, code, msg):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    before = sorted(p for p in price_files.rglob("*"))
+    res = CliRunner().invoke(cli, ["onemax-sim", *argv], input="")
+    assert res.exit_code == code, (res.exit_code, res.stdout[-300:], res.stderr[-1000:])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert msg in lines[0], (msg, lines[0])
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert sorted(p for p in price_files.rglob("*")) == before  # no plot, run folder or temp file left
 
 
 # ------------------------------------------------------------------------------------------ the house pattern
@@ -330,3 +411,221 @@ def test_library_errors_name_parameters(run_cli):
     assert "--errors" in res.stderr and "not a number" in res.stderr
     _, doc = run_cli(["onemax-sim", "-q", "--mode", "worst-case", "--algorithms", "all", "--errors", "0.9"])
     assert [a["name"] for a in doc["result"]["algorithms"]] == list(rules.ALGORITHMS + rules.EXTRA_ALGORITHMS)
+
+
+# ------------------------------------------------------------------------------------------ issue 19 (reliability)
+
+
+def test_ora_and_robust_mix_sell_at_the_max_when_the_threshold_equals_it():
+    """(a) With y = p*/(1-H_n) ('over' at E = 1-H_n) the ORA threshold (1-H_n)*y is p* itself: every window
+    sells at its maximum. Before the fix rounding put the threshold an ulp above p* in many windows (means
+    0.889, minimum 0.108 on this market)."""
+    series = data.synthetic_market(5000, seed=0)
+    for hn in (0.1, 0.05, 0.3, 0.37):
+        cfg = api.OneMaxConfig(m=50.0, M=800.0, window=200, stride=10, noise=("over",), errors=(1 - hn,),
+                               algorithms=("ora", "robust-mix"), params=RuleParams(hn=hn, hp=0.1))
+        res = api.run_empirical(cfg, series, 0, "s")
+        for a in res["algorithms"]:
+            row = a["empirical"][0]
+            assert row["min_ratio"] == 1.0 and row["mean_ratio"] == 1.0, (hn, a["name"], row)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_price_equal_to_the_threshold_is_reached_by_every_rule(name):
+    """(a) for every rule: in a window [m, p, m] whose maximum p is the rule's threshold written in real
+    units (p = Phi * m, as a price file holds it), the rule sells at p. Comparing p/m with Phi exactly missed
+    it whenever p/m rounded an ulp below Phi."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    m = rng.uniform(0.5, 100.0, n)
+    theta = rng.uniform(1.5, 60.0, n)
+    y = np.exp(rng.uniform(0.0, np.log(theta)))
+    phi = rules.threshold(name, y, theta, P)
+    x = np.stack([m, phi * m, m], axis=1)
+    xn = x / m[:, None]
+    ratio, _ = simulate.accept_ratio(xn, np.maximum.accumulate(xn, axis=1), phi)
+    assert np.all(ratio == 1.0), (name, int(np.sum(ratio < 1.0)))
+
+
+THETAS = [1.0 + 2e-9, 1.5, 16.0, 1e6, 1e12, 1e16, 1e100, 1e200, 1e300]
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("theta", THETAS)
+def test_worst_case_is_exact_at_every_theta(theta):
+    """(b) r and c of every rule, and smooth's profile, hold at every theta the command accepts: trust's
+    consistency is 1 (it read 0.50 at 1e12 and 1e-4 at 1e16), the Pareto rules lie on c*r = 1/theta, ORA's
+    consistency is 1 - H_n, and pareto_optimal is false for ORA (the absolute 1e-9 test said true at 1e12)."""
+    p = RuleParams(lam=0.5)
+    r, c = worstcase.robustness_consistency("trust", theta, p)
+    assert c == pytest.approx(1.0, rel=1e-9) and r * theta == pytest.approx(1.0, rel=1e-9)
+    r, c = worstcase.robustness_consistency("elyaniv", theta, p)
+    assert r == pytest.approx(theta ** -0.5, rel=1e-9) and c == pytest.approx(theta ** -0.5, rel=1e-9)
+    r_target = float(p.r(theta))
+    for name in ("sun", "smooth", "smooth-rho"):
+        r, c = worstcase.robustness_consistency(name, theta, p)
+        assert r == pytest.approx(r_target, rel=1e-9) and c * r * theta == pytest.approx(1.0, rel=1e-9), name
+        assert rules.is_pareto_optimal(r, c, theta)
+    if theta >= 1 / 0.9:
+        r, c = worstcase.robustness_consistency("ora", theta, p)
+        assert c == pytest.approx(0.9, rel=1e-9) and not rules.is_pareto_optimal(r, c, theta)
+    errors = [0.0, 0.3, 0.5, 0.9, 1.0]
+    bound = worstcase.smoothness_bound(r_target, 1 / (r_target * theta), theta, errors)
+    np.testing.assert_allclose(worstcase.profile("smooth", theta, p, errors), bound, rtol=1e-8)
+
+
+def test_sun_gamma_is_accurate_for_small_lambda_and_large_theta():
+    """(b) The rationalised root has no cancellation (the textbook form lost ~4 digits at lam = 1e-12) and no
+    overflow (4*lam*theta overflowed near the largest float)."""
+    for lam, theta in ((1e-12, 16.0), (1e-6, 1e6), (0.5, 1e300), (1.0, 1e300), (0.0, 7.0)):
+        g = float(rules.sun_gamma(lam, theta))
+        assert lam * g * g + (1 - lam) * g == pytest.approx(theta, rel=1e-12), (lam, theta)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_cli_large_theta_and_extreme_errors_leak_no_warning(run_cli):
+    """(b) `--theta 1e300` runs with exact figures and nothing on stderr; `--theta 1e308` is refused (a row of
+    BAD_INPUTS; it leaked a RuntimeWarning and died of ZeroDivisionError). r = 1/theta gives s* = inf, which
+    the JSON shows as null (it leaked a RuntimeWarning); extreme error levels overflow no prediction."""
+    res, doc = run_cli(["onemax-sim", "--mode", "worst-case", "--theta", "1e300", "--errors", "0.5,1"])
+    assert res.stderr == ""
+    by = {a["name"]: a for a in doc["result"]["algorithms"]}
+    assert by["trust"]["consistency"] == pytest.approx(1.0) and by["trust"]["robustness"] == pytest.approx(1e-300)
+    res, doc = run_cli(["onemax-sim", "--mode", "worst-case", "--theta", "16", "--robustness", "0.0625"])
+    assert res.stderr == "" and doc["result"]["s_star"] is None
+    res, doc = run_cli(["onemax-sim", "-q", "--market-length", "3000", "--errors", "1e-300"])
+    assert res.stderr == ""
+    row = next(r for r in doc["result"]["algorithms"][0]["empirical"] if r["noise"] == "over")
+    assert row["mean_error_E"] == pytest.approx(1e-300, rel=1e-9)
+    res, doc = run_cli(["onemax-sim", "-q", "--mode", "stochastic", "--theta", "1e300", "--n-windows", "300",
+                        "--window", "20", "--noise", "exact"])
+    assert res.stderr == ""
+    for a in doc["result"]["algorithms"]:  # ratios near 1/theta are kept (float32 rounded them to 0)
+        assert a["stochastic"][0]["min_ratio"] >= a["robustness"] * (1 - 1e-9), a["name"]
+
+
+def test_flat_windows_score_one_without_warnings(run_cli, tmp_path):
+    """A window whose prices are all equal (theta = 1 with look-ahead bounds) sells at the maximum whatever
+    the rule; it produced NaN exponents and a RuntimeWarning."""
+    f = tmp_path / "flat.txt"
+    f.write_text("5\n5\n5\n5\n5\n5\n5\n")
+    res, doc = run_cli(["onemax-sim", "-q", "--prices", str(f), "--window", "3", "--stride", "1",
+                        "--noise", "exact,over,prev-max"])
+    assert res.stderr == ""
+    for a in doc["result"]["algorithms"]:
+        assert all(r["min_ratio"] == 1.0 for r in a["empirical"]), a["name"]
+
+
+def test_prev_max_keeps_every_other_models_windows():
+    """(c) Adding prev-max changes no other model's rows: each keeps all windows (its own n); prev-max is
+    scored on the windows that have a full previous window. Before the fix every model lost the first
+    window's worth of windows."""
+    series = data.synthetic_market(3000, seed=1)
+    base = dict(m=50.0, M=800.0, window=100, stride=20, errors=(0.9, 0.5))
+    without = api.run_empirical(api.OneMaxConfig(noise=("exact", "over", "lognormal"), **base), series, 4, "s")
+    with_pm = api.run_empirical(api.OneMaxConfig(noise=("exact", "over", "lognormal", "prev-max"), **base),
+                                series, 4, "s")
+    starts = np.arange(0, 3000 - 100 + 1, 20)
+    assert with_pm["n_windows"] == without["n_windows"] == len(starts)
+    for a, b in zip(without["algorithms"], with_pm["algorithms"]):
+        assert b["empirical"][:-1] == a["empirical"]
+        assert all(r["n"] == len(starts) for r in a["empirical"])
+        assert b["empirical"][-1]["noise"] == "prev-max" and b["empirical"][-1]["n"] == int(np.sum(starts >= 100))
+    assert with_pm["noise_not_available"] == {} and with_pm["warnings"] == []
+
+
+def test_a_series_too_short_for_prev_max_keeps_the_other_models(run_cli, tmp_path):
+    """(c) A series shorter than two windows cannot feed prev-max: the other models still run, and prev-max is
+    reported as not available with the reason (JSON and stderr). Alone, it is an error (BAD_INPUTS)."""
+    f = tmp_path / "p.txt"
+    f.write_text("\n".join(map(str, data.synthetic_market(150, seed=3))))
+    res, doc = run_cli(["onemax-sim", "--prices", str(f), "--window", "100", "--m", "50", "--M", "800",
+                        "--noise", "exact,prev-max"])
+    r = doc["result"]
+    assert [row["noise"] for row in r["algorithms"][0]["empirical"]] == ["exact"]
+    assert "at least 2 x window = 200 prices" in r["noise_not_available"]["prev-max"]
+    assert r["warnings"] == ["prev-max not available: " + r["noise_not_available"]["prev-max"]]
+    assert "Warning: prev-max not available" in res.stderr
+
+
+def test_a_utf8_bom_keeps_the_first_price(run_cli, tmp_path):
+    """(d) A UTF-8 byte-order mark (Excel, Notepad) made the first price look like a header, which was
+    dropped; in a CSV it renamed the first column. The one reader (core.table.read_column) drops it."""
+    assert list(data.parse_prices("\ufeff5\n6\n7\n")) == [5, 6, 7]
+    assert list(data.parse_prices("\ufeffclose,date\n5,d1\n6,d2\n", column="close")) == [5, 6]
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbf100\n200\n300\n")
+    _, doc = run_cli(["onemax-sim", "-q", "--prices", str(f), "--window", "2", "--stride", "1", "--noise", "exact"])
+    assert doc["result"]["n_prices"] == 3 and doc["result"]["n_windows"] == 2
+    _, doc = run_cli(["onemax-sim", "-q", "--prices", "-", "--window", "2", "--noise", "exact"],
+                     input="\ufeff100\n200\n300\n")
+    assert doc["result"]["n_prices"] == 3
+
+
+def test_plot_draws_the_exact_profiles():
+    """(e) The plot is exact: straight segments between exact vertices (no steps: on a 21-point step grid
+    smooth appeared below its own bound), smooth equal to the bound at every vertex, sun's jump at E = 1
+    drawn there, axes labelled with the prediction quality, and coincident curves told apart."""
+    pytest.importorskip("matplotlib")
+    from icmltools.onemax import plot
+
+    curves = worstcase.plot_curves(16.0, P, rules.ALGORITHMS)
+    e = curves["error"]
+    np.testing.assert_allclose(curves["curves"]["smooth"], curves["bound"], rtol=1e-8)
+    sun = curves["curves"]["sun"]
+    r, c = worstcase.robustness_consistency("sun", 16.0, P)
+    assert sun[-1] == pytest.approx(c) and e[-1] == 1.0
+    assert sun[-2] == pytest.approx(r) and 1.0 - e[-2] <= 1e-6  # the jump located to 1e-6 in E
+    ora = curves["curves"]["ora"]  # ORA's jump at E = 1 - H_n = 0.9: from about 1/(theta E) up to 0.81
+    k = int(np.argmax(np.diff(ora)))
+    assert e[k + 1] - e[k] <= 1e-6 and e[k + 1] == pytest.approx(0.9, abs=1e-6) and ora[k + 1] == pytest.approx(0.81)
+    fig = plot.figure(curves, theta_note="the median of the windows' max/min")
+    ax = fig.axes[0]
+    assert "quality E" in ax.get_xlabel() and "quality >= E" in ax.get_ylabel()
+    assert "median" in ax.get_title()
+    lines = {ln.get_label().split("  (")[0]: ln for ln in ax.get_lines()}
+    assert all(ln.get_drawstyle() == "default" for ln in lines.values())
+    np.testing.assert_array_equal(lines["smooth"].get_xdata(), e)
+    for a, b in (("ora", "robust-mix"), ("smooth", "bound max(r, c E^s*)"), ("sun", "smooth")):
+        sa, sb = lines[a], lines[b]
+        assert (sa.get_linestyle(), sa.get_linewidth()) != (sb.get_linestyle(), sb.get_linewidth()), (a, b)
+    assert "same curve as ora" in lines["robust-mix"].get_label()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def test_plot_says_when_it_uses_the_median_theta(tmp_path, monkeypatch):
+    """(e) An empirical run without bounds plots at the median theta of its windows and says so; with
+    declared bounds it says M/m."""
+    pytest.importorskip("matplotlib")
+    from icmltools.onemax import plot
+
+    seen = []
+    monkeypatch.setattr(plot, "plot_profiles", lambda curves, path, theta_note="": seen.append(theta_note) or path)
+    series = data.synthetic_market(1000, seed=2)
+    f = tmp_path / "p.txt"
+    f.write_text("\n".join(map(str, series)))
+    cfg = api.OneMaxConfig(prices=str(f), window=100, noise=("exact",), plot=str(tmp_path / "g.png"))
+    res, _ = api.run(cfg)
+    assert res["theta_is_median_of_windows"] and "median of the windows" in seen[-1]
+    from dataclasses import replace
+
+    api.run(replace(cfg, m=50.0, M=800.0))
+    assert "M/m of the declared bounds [50, 800]" in seen[-1]
+
+
+def test_lookahead_is_a_warning_in_the_json_and_on_stderr(run_cli, tmp_path):
+    """(f) Without bounds each window's own max caps over-predictions, so trust scores 1.000 on 'over': the
+    result says so in `warnings` (not only a flag) and stderr says it unless -q; declared bounds: no warning."""
+    f = tmp_path / "p.txt"
+    f.write_text("\n".join(map(str, data.synthetic_market(1000, seed=2))))
+    res, doc = run_cli(["onemax-sim", "--prices", str(f), "--window", "100", "--noise", "over", "--errors", "0.5",
+                        "--algorithms", "trust"])
+    assert doc["result"]["warnings"][0].startswith("look-ahead: no bounds declared")
+    assert doc["result"]["algorithms"][0]["empirical"][0]["min_ratio"] == 1.0  # the look-ahead, visible
+    assert "LOOK-AHEAD" in res.stderr and "Warning: look-ahead" in res.stderr
+    res, doc = run_cli(["onemax-sim", "--prices", str(f), "--window", "100", "--noise", "over", "--errors", "0.5",
+                        "--algorithms", "trust", "--m", "50", "--M", "800"])
+    assert doc["result"]["warnings"] == [] and "Warning" not in res.stderr
+    assert doc["result"]["algorithms"][0]["empirical"][0]["min_ratio"] < 1.0

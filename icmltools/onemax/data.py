@@ -12,20 +12,32 @@ from icmltools.core.table import read_column
 from . import options
 
 
+def _column_label(text: str, column) -> str:
+    """How an error names the price column: the user's --column, or the last column of a file that has several
+    (a one-value-per-line file has no column to name)."""
+    if column is not None:
+        return f", column {column!r}" if not str(column).lstrip("-").isdigit() else f", column {column}"
+    first = next((ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+    return ", last column" if any(d in first.strip() for d in "\t,;") or len(first.split()) > 1 else ""
+
+
 def parse_prices(text: str, source: str = "<stdin>", column: str | int | None = None) -> np.ndarray:
     """Parse prices from CSV/TSV text or one number per line (see `core.table.read_column` for the column,
-    header and delimiter rules). Non-numeric, non-finite or non-positive prices are errors naming the line."""
+    header and delimiter rules). A price that is not a number, not finite (NaN, inf, or too large for a
+    float) or not positive is an error naming the file, the line and (in a table) the column."""
     values, lines = read_column(text, source, column)
     out = np.empty(len(values))
     for k, (v, n) in enumerate(zip(values, lines)):
         try:
             out[k] = float(v)
         except ValueError:
-            raise BadInputError(f"{source}: row {n} is not a number: {v[:40]!r}") from None
+            raise BadInputError(f"{source}: line {n}{_column_label(text, column)}: not a number: {v[:40]!r}") from None
         if not np.isfinite(out[k]):
-            raise BadInputError(f"{source}: row {n} is not a finite number (NaN/inf prices are not allowed)")
+            raise BadInputError(f"{source}: line {n}{_column_label(text, column)}: price {v[:40]!r} is not finite "
+                                "(NaN, inf and numbers beyond the float range are not allowed)")
         if out[k] <= 0:
-            raise BadInputError(f"{source}: row {n}: prices must be positive, got {out[k]}")
+            raise BadInputError(f"{source}: line {n}{_column_label(text, column)}: price {v[:40]!r} is not positive "
+                                "(prices must be > 0)")
     return out
 
 
@@ -35,26 +47,44 @@ def read_prices(path: str, stdin_text: str | None = None, column=None) -> np.nda
         return parse_prices(stdin_text or "", "<stdin>", column)
     if not os.path.exists(path):
         raise BadInputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise BadInputError(f"{path}: is a directory, not a price file")
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except UnicodeDecodeError as e:
-        raise BadInputError(f"{path}: not a text file ({e.reason})") from e
+        raise BadInputError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from e
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read ({e.strerror or e})") from e
     return parse_prices(text, path, column)
 
 
 def check_bounds(prices: np.ndarray, m: float | None, M: float | None, source: str = "prices") -> None:
+    """Declared bounds: both or neither, 0 < m < M with M/m a finite float, every price inside. Without
+    bounds (each window bounds itself), the prices' max/min must be a finite float."""
     if (m is None) != (M is None):
         raise BadInputError("give both m and M, or neither (then bounds come from each window, a look-ahead)",
                             param="m" if m is None else "M")
     if m is None:
+        with np.errstate(over="ignore"):
+            span = float(prices.max()) / float(prices.min())
+        if span > options.THETA_MAX:
+            raise BadInputError(f"{source}: the prices span max/min = {span:g} > 1e300, beyond what the ratios can "
+                                "hold in floating point")
         return
     if not (0 < m < M):
         raise BadInputError(f"need 0 < m < M, got m={m}, M={M}", param="m")
+    with np.errstate(over="ignore"):
+        if M / m > options.THETA_MAX:
+            raise BadInputError(f"M/m = {M / m:g} must be <= 1e300 (beyond, the ratios 1/theta leave the float "
+                                "range)", param="M")
     lo, hi = float(prices.min()), float(prices.max())
     if lo < m or hi > M:
         k = int(np.nonzero((prices < m) | (prices > M))[0][0])
         raise BadInputError(f"{source}: price {prices[k]} at index {k} lies outside the declared [m, M] = [{m}, {M}]")
+    if M / m < options.THETA_MIN:
+        raise BadInputError(f"M/m = {M / m!r} must be >= 1 + 1e-9 (closer to 1 every ratio is within 1e-9 of 1)",
+                            param="M")
 
 
 MARKET_BOUNDS = options.MARKET_BOUNDS  # the embedded market's declared [m, M] (theta = 16)

@@ -23,6 +23,10 @@ MARKET_BOUNDS = (50.0, 800.0)  # the embedded market's declared [m, M] (theta = 
 MARKET_LENGTH = 40000  # prices in the embedded market
 SIMULATION_ERRORS = (0.95, 0.9, 0.8, 0.6, 0.4)  # error levels E of the simulations when none are given
 WORST_CASE_POINTS = 21  # worst-case mode without errors: the grid E = 0, 0.05, ..., 1
+THETA_MIN = 1.0 + 1e-9  # below it every ratio lies within 1e-9 of 1; windows flatter than this are scored at it
+THETA_MAX = 1e300  # above it 1/theta leaves the normal floats and OPT/ALG = theta overflows: refused
+ACCEPT_RTOL = 1e-9  # a price within this relative distance below the threshold counts as reaching it (rounding)
+PLOT_POINTS = 401  # the plot's first grid of E; jumps and steep parts are refined to 1e-6 in E
 
 
 @dataclass(frozen=True)

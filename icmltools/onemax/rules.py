@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from icmltools.core.errors import BadInputError
+from icmltools.core.errors import BadInputError, RuntimeFailure
 
 from . import options
 from .options import RuleParams
 
 __all__ = ["ALGORITHMS", "EXTRA_ALGORITHMS", "RuleParams", "threshold", "breakpoints", "validate", "sun_gamma",
-           "lam_from_robustness", "smooth_sigma", "s_star", "prediction_error"]
+           "lam_from_robustness", "smooth_sigma", "s_star", "is_pareto_optimal", "prediction_error", "reaches"]
 
 ALGORITHMS = options.ALGORITHMS
 EXTRA_ALGORITHMS = options.EXTRA_ALGORITHMS
@@ -51,20 +51,22 @@ PARETO_OPTIMAL = {"sun": True, "smooth": True, "smooth-rho": True, "trust": True
 
 
 def sun_gamma(lam, theta):
-    """Sun et al.'s gamma(lambda, theta): the positive root of lam*g^2 + (1-lam)*g - theta = 0 (gamma = theta at 0)."""
+    """Sun et al.'s gamma(lambda, theta): the positive root of lam*g^2 + (1-lam)*g - theta = 0 (gamma = theta at 0).
+
+    Written as g = theta / ((hypot(1-lam, 2 sqrt(lam theta)) + 1-lam) / 2), the rationalised root: no
+    cancellation for small lam, no overflow for theta up to the largest float, no division by lam."""
     lam = np.asarray(lam, dtype=float)
     theta = np.asarray(theta, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        g = (np.sqrt((1 - lam) ** 2 + 4 * lam * theta) - (1 - lam)) / (2 * lam)
-    return np.where(lam <= 0, theta, g)
+    return theta / (0.5 * (np.hypot(1.0 - lam, 2.0 * np.sqrt(lam * theta)) + (1.0 - lam)))
 
 
 def lam_from_robustness(r, theta):
-    """Invert r = 1/gamma(lambda, theta): lambda = (theta - gamma) / (gamma^2 - gamma)."""
+    """Invert r = 1/gamma(lambda, theta): lambda = (theta - gamma) / (gamma^2 - gamma), computed as
+    (theta/gamma - 1) / (gamma - 1) so gamma^2 cannot overflow."""
     g = 1.0 / np.asarray(r, dtype=float)
     theta = np.asarray(theta, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
-        lam = (theta - g) / (g * g - g)
+        lam = (theta / g - 1.0) / (g - 1.0)
     return np.clip(np.where(g >= theta, 0.0, lam), 0.0, 1.0)
 
 
@@ -91,20 +93,37 @@ def smooth_sigma(r, theta):
 
 def s_star(c, theta):
     """The paper's smoothness lower bound exponent s* = ln(theta)/ln(1/c) - 2 for a Pareto-optimal rule of
-    consistency c: no such rule guarantees more than max(r, c * E^s) with s < s*."""
-    return np.log(theta) / np.log(1.0 / c) - 2.0
+    consistency c: no such rule guarantees more than max(r, c * E^s) with s < s*. +inf at c = 1 (r = 1/theta:
+    the bound is r for every E < 1)."""
+    c = np.asarray(c, dtype=float)
+    with np.errstate(divide="ignore"):
+        return np.where(c >= 1.0 - 1e-12, np.inf, np.log(theta) / np.log(1.0 / np.minimum(c, 1.0 - 1e-12)) - 2.0)
+
+
+def is_pareto_optimal(r: float, c: float, theta: float) -> bool:
+    """Whether (r, c) lies on the front c * r = 1/theta (relative tolerance 1e-9, so it holds at any theta)."""
+    return bool(abs(c * r * theta - 1.0) < 1e-9)
 
 
 def prediction_error(y, p):
     """The paper's prediction error E(y, p*) = min(y/p*, p*/y) in (0, 1]; 1 is a perfect prediction."""
     y = np.asarray(y, dtype=float)
     p = np.asarray(p, dtype=float)
-    return np.minimum(y / p, p / y)
+    with np.errstate(divide="ignore", over="ignore"):  # y = 0 or inf (an extreme prediction) gives E = 0
+        return np.minimum(y / p, p / y)
+
+
+def reaches(price, phi):
+    """Whether a price reaches threshold `phi`: price >= phi up to a relative `options.ACCEPT_RTOL`, so a
+    threshold that equals a price mathematically (ORA's (1-H_n)*y with y = p*/(1-H_n), a price at sqrt(m M),
+    at gamma, at 1/r) cannot miss it by a rounding error of the arithmetic that produced it."""
+    return np.asarray(price) >= np.asarray(phi) * (1.0 - options.ACCEPT_RTOL)
 
 
 def validate(theta: float | None = None, params: RuleParams | None = None) -> None:
-    if theta is not None and not (np.isfinite(theta) and theta > 1):
-        raise BadInputError(f"must be > 1 (M/m), got {theta}", param="theta")
+    if theta is not None and not (options.THETA_MIN <= theta <= options.THETA_MAX):
+        raise BadInputError(f"must lie in [1 + 1e-9, 1e300] (M/m; closer to 1 every ratio is within 1e-9 of 1, "
+                            f"beyond 1e300 the ratios 1/theta leave the float range), got {theta!r}", param="theta")
     if params is None:
         return
     if params.lam is not None and not (0.0 <= params.lam <= 1.0):
@@ -112,8 +131,9 @@ def validate(theta: float | None = None, params: RuleParams | None = None) -> No
     if params.robustness is not None:
         if not (0.0 < params.robustness < 1.0):
             raise BadInputError(f"must lie in (0, 1), got {params.robustness}", param="robustness")
-        if theta is not None and not (1.0 / theta - 1e-12 <= params.robustness <= theta ** -0.5 + 1e-12):
-            raise BadInputError(f"must lie in [1/theta, theta^-1/2] = [{1 / theta:.4f}, {theta ** -0.5:.4f}]",
+        lo, hi = 1.0 / theta if theta is not None else 0.0, theta ** -0.5 if theta is not None else 1.0
+        if not (lo * (1 - 1e-9) <= params.robustness <= hi * (1 + 1e-9)):
+            raise BadInputError(f"must lie in [1/theta, theta^-1/2] = [{lo:.4g}, {hi:.4g}], got {params.robustness}",
                                 param="robustness")
     if not (0.0 <= params.rho <= 1.0):
         raise BadInputError(f"must lie in [0, 1], got {params.rho}", param="rho")
@@ -180,12 +200,19 @@ assert tuple(THRESHOLDS) == options.ALL_ALGORITHMS
 
 
 def threshold(name: str, y, theta, params: RuleParams):
-    """Phi(y) in normalised units for rule `name`, clipped to [1, theta]. Vectorised over y and theta."""
+    """Phi(y) in normalised units for rule `name`, clipped to [1, theta]. Vectorised over y and theta.
+
+    y may be 0 or +inf (an extreme prediction): every rule is constant below 1 and above theta/(1-H_n), so
+    these are exact; the formulas' unused branches may then hold inf or NaN (np.where discards them)."""
     fn = THRESHOLDS.get(name)
     if fn is None:
         raise BadInputError(f"unknown algorithm {name!r}; choose from {', '.join(options.ALL_ALGORITHMS)}",
                             param="algorithms")
-    return np.clip(fn(np.asarray(y, dtype=float), np.asarray(theta, dtype=float), params), 1.0, theta)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        phi = np.clip(fn(np.asarray(y, dtype=float), np.asarray(theta, dtype=float), params), 1.0, theta)
+    if np.isnan(phi).any():
+        raise RuntimeFailure(f"{name}: the threshold is NaN at theta = {np.max(theta):g} (please report this)")
+    return phi
 
 
 # points of [1, theta] where each rule's formula changes (besides 1 and theta)

@@ -16,8 +16,8 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
-from .options import ALGORITHMS, WORST_CASE_POINTS
-from .rules import RuleParams, breakpoints, s_star, threshold
+from .options import ALGORITHMS, PLOT_POINTS, WORST_CASE_POINTS
+from .rules import RuleParams, breakpoints, is_pareto_optimal, reaches, s_star, threshold
 
 _TOL = 1e-9  # relative slack so float noise cannot flip the (in)equalities that split the pieces
 
@@ -26,76 +26,87 @@ def instance_ratio(name: str, p, y, theta: float, params: RuleParams):
     """W(p*, y): the adversary's worst ALG/OPT for maximum p* and prediction y (vectorised)."""
     p = np.asarray(p, dtype=float)
     phi = threshold(name, y, theta, params)
-    return np.where(p >= phi, phi / p, 1.0 / p)
+    return np.where(reaches(p, phi), phi / p, 1.0 / p)
 
 
 def sequence_ratio(prices, phi: float) -> float:
     """ALG/OPT of a threshold rule on one explicit price sequence (last price taken if none qualifies)."""
     prices = np.asarray(prices, dtype=float)
-    hit = np.nonzero(prices >= phi)[0]
+    hit = np.nonzero(reaches(prices, phi))[0]
     alg = prices[hit[0]] if hit.size else prices[-1]
     return float(alg / prices.max())
 
 
-def _bisect(f, lo: float, hi: float, iters: int = 200) -> float:
-    """Smallest y in [lo, hi] with f(y) True, for f monotone False..True; returns hi+ if never True."""
-    if f(lo):
-        return lo
-    if not f(hi):
-        return np.inf
-    for _ in range(iters):
-        mid = 0.5 * (lo + hi)
-        if f(mid):
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-15 * hi:
+def _bisect(f, lo: float, hi: float, n: int) -> np.ndarray:
+    """Per element k of n: the smallest y in [lo, hi] with f(y)[k] True (f monotone False..True in y), inf
+    where f(hi) is False. Geometric bisection: the precision is relative (1e-15) for any theta up to the
+    largest float, in at most ~60 steps."""
+    a, b = np.full(n, lo), np.full(n, hi)
+    at_lo, at_hi = f(a), f(b)
+    for _ in range(200):
+        mid = a * np.sqrt(b / a)
+        t = f(mid)
+        b, a = np.where(t, mid, b), np.where(t, a, mid)
+        if np.all(b - a <= 1e-15 * b):
             break
-    return hi
+    return np.where(at_lo, lo, np.where(at_hi, b, np.inf))
 
 
-def _piece_inf(phi, lo: float, hi: float, e: float, theta: float) -> float:
-    """inf of W over y in the piece [lo, hi] (closure; phi is the piece's formula) and p* with E >= e."""
-    best = np.inf
+def _over(y, e, theta: float):
+    """b = min(theta, y/e): the largest maximum p* with prediction quality >= e (theta at e = 0)."""
+    return np.minimum(theta, np.divide(y, e, out=np.full(np.shape(e), np.inf), where=e > 0))
+
+
+def _piece_inf(phi, lo: float, hi: float, e: np.ndarray, theta: float) -> np.ndarray:
+    """inf of W over y in the piece [lo, hi] (closure; phi is the piece's formula) and p* with E >= e, for
+    every e of the array at once."""
+    n = len(e)
     # A-branch: p* >= Phi(y) possible iff b = min(theta, y/e) >= Phi(y)  <=>  y/Phi(y) >= e (Phi <= theta).
-    ya = _bisect(lambda y: y >= e * phi(y) * (1 - _TOL), lo, hi)
-    if np.isfinite(ya):
-        y = min(max(theta * e, ya), hi)
-        b = theta if e <= 0 else min(theta, y / e)
-        best = min(best, phi(y) / b)
+    ya = _bisect(lambda y: y >= e * phi(y) * (1 - _TOL), lo, hi, n)
+    y = np.minimum(np.maximum(theta * e, np.where(np.isfinite(ya), ya, hi)), hi)
+    best = np.where(np.isfinite(ya), phi(y) / _over(y, e, theta), np.inf)
     # B-branch: p* < Phi(y) possible iff a = max(1, y e) < Phi(y); W = 1/p* with inf at p* -> min(b, Phi).
     # {y e < Phi} is a down-set of the piece, {Phi > 1} an up-set; B(y) is non-increasing in y, so the
     # infimum is the limit at the right end of their intersection.
-    yb = _bisect(lambda y: y * e >= phi(y) * (1 - _TOL), lo, hi)
-    y_end = hi if not np.isfinite(yb) else yb
-    y0 = _bisect(lambda y: phi(y) > 1.0 + _TOL, lo, hi)
-    if np.isfinite(y0) and (y0 < y_end or (y0 == y_end == hi and not np.isfinite(yb) and phi(hi) > 1)):
-        b = theta if e <= 0 else min(theta, y_end / e)
-        best = min(best, 1.0 / min(b, phi(y_end)))
+    yb = _bisect(lambda y: y * e >= phi(y) * (1 - _TOL), lo, hi, n)
+    y_end = np.where(np.isfinite(yb), yb, hi)
+    y0 = float(_bisect(lambda y: phi(y) > 1.0 + _TOL, lo, hi, 1)[0])
+    if np.isfinite(y0):
+        whole = (y0 == hi) & ~np.isfinite(yb) & (float(phi(np.array([hi]))[0]) > 1)
+        ok = (y0 < y_end) | whole
+        best = np.minimum(best, np.where(ok, 1.0 / np.minimum(_over(y_end, e, theta), phi(y_end)), np.inf))
     return best
+
+
+def _piece_formula(name: str, theta: float, params: RuleParams, lo: float, hi: float):
+    """Phi on the closed piece [lo, hi] by the piece's own formula: at a jump of Phi (an end of the piece),
+    the limit from inside. The inside point is a relative 1e-12 step in (never beyond a quarter of the piece
+    in log units), so the step is equally small at y = 1 and at y = theta for every theta."""
+    step = min(1e-12, 0.25 * np.log(hi / lo))
+    lo_in = max(lo * np.exp(step), np.nextafter(lo, np.inf))
+    hi_in = min(hi * np.exp(-step), np.nextafter(hi, -np.inf))
+    if lo_in > hi_in:
+        lo_in = hi_in = lo * np.sqrt(hi / lo)
+
+    def phi(y):
+        at = threshold(name, y, theta, params)
+        inside = threshold(name, np.clip(y, lo_in, hi_in), theta, params)
+        return np.where(np.abs(at - inside) <= 1e-9 * np.maximum(at, inside), at, inside)
+
+    return phi
 
 
 def profile(name: str, theta: float, params: RuleParams, errors) -> np.ndarray:
     """Exact g(e) = inf { W(p*, y) : E(y, p*) >= e } for each e in `errors` (ALG/OPT, higher is better): the
-    paper's worst-case ratio as a function of the prediction error, computed piece by piece."""
+    paper's worst-case ratio as a function of the prediction error, computed piece by piece (vectorised over
+    `errors`; y handled in log units, so exact for any theta up to the largest float)."""
+    e = np.asarray(errors, dtype=float).reshape(-1)
     pts = breakpoints(name, theta, params)
-    out = np.empty(len(errors))
-    for k, e in enumerate(np.asarray(errors, dtype=float)):
-        best = np.inf
-        for lo, hi in zip(pts[:-1], pts[1:]):
-            if hi <= lo:
-                continue
-            d = (hi - lo) * 1e-12
-
-            def phi(y, lo=lo, hi=hi, d=d):
-                # the piece's own formula on its closure: at a jump of Phi, the limit from inside the piece
-                at = float(threshold(name, y, theta, params))
-                inside = float(threshold(name, min(max(y, lo + d), hi - d), theta, params))
-                return at if abs(at - inside) <= 1e-9 * max(at, 1.0) else inside
-
-            best = min(best, _piece_inf(phi, lo, hi, float(e), theta))
-        out[k] = best
-    return out
+    best = np.full(len(e), np.inf)
+    for lo, hi in zip(pts[:-1], pts[1:]):
+        if hi > lo:
+            best = np.minimum(best, _piece_inf(_piece_formula(name, theta, params, lo, hi), lo, hi, e, theta))
+    return best
 
 
 def robustness_consistency(name: str, theta: float, params: RuleParams) -> tuple[float, float]:
@@ -122,10 +133,12 @@ def brittleness_witness(name: str, theta: float, params: RuleParams, rel_error: 
     """An instance where a tiny relative prediction error drops the ratio from >= c to about r.
 
     Scans predictions y on a fine grid plus the rule's breakpoints with p* = y / (1 + rel_error): the largest
-    drop between W(y, y) and W(y/(1+rel_error), y) is returned.
+    drop between W(y, y) and W(y/(1+rel_error), y) is returned. None when theta < 1 + rel_error (no such p*).
     """
     ys = np.unique(np.concatenate([np.exp(np.linspace(0, np.log(theta), 4001)), breakpoints(name, theta, params)]))
     ys = ys[ys / (1 + rel_error) >= 1.0]
+    if ys.size == 0:
+        return None
     exact = instance_ratio(name, ys, ys, theta, params)
     off = instance_ratio(name, ys / (1 + rel_error), ys, theta, params)
     k = int(np.argmax(exact - off))
@@ -140,7 +153,8 @@ def default_errors() -> np.ndarray:
 
 
 def worst_case_report(theta: float, params: RuleParams, algorithms=ALGORITHMS, errors=None) -> dict:
-    """Everything worst-case mode prints: per algorithm r, c, profile g(e), smoothness gap, brittleness."""
+    """Everything worst-case mode prints: per algorithm r, c, profile g(e), smoothness gap, brittleness.
+    `s_star` is None where it is infinite (r = 1/theta, c = 1: the bound is then r for every E < 1)."""
     if errors is None:
         errors = default_errors()
     errors = np.asarray(errors, dtype=float)
@@ -153,20 +167,55 @@ def worst_case_report(theta: float, params: RuleParams, algorithms=ALGORITHMS, e
     for name in algorithms:
         g = profile(name, theta, params, errors)
         r, c = robustness_consistency(name, theta, params)
-        wit = brittleness_witness(name, theta, params)
         algs.append({
             "name": name,
             "robustness": r, "consistency": c,
             "robustness_opt_over_alg": 1.0 / r, "consistency_opt_over_alg": 1.0 / c,
-            "pareto_optimal": bool(abs(c * r - 1.0 / theta) < 1e-9),
+            "pareto_optimal": is_pareto_optimal(r, c, theta),
             "profile": [{"error": float(e), "ratio": float(v), "opt_over_alg": float(1 / v)} for e, v in zip(errors, g)],
-            "brittleness": wit,
+            "brittleness": brittleness_witness(name, theta, params),
         })
+    s = float(s_star(c_target, theta))
     return {
         "theta": theta,
         "target_robustness": r_target, "target_consistency": c_target,
-        "s_star": float(s_star(c_target, theta)),
+        "s_star": s if np.isfinite(s) else None,
         "smoothness_bound": [{"error": float(e), "ratio": float(b)} for e, b in zip(errors, bound)],
         "pareto_front": pareto_front(theta),
         "algorithms": algs,
     }
+
+
+def _refine(e: np.ndarray, g: np.ndarray, fn, min_step: float, rise: float):
+    """Insert midpoints where neighbours differ by more than `rise` (relative) until they are `min_step`
+    apart: a jump ends up drawn as a (near) vertical segment at its exact E, a curve as fine as the figure."""
+    for _ in range(60):
+        gap = (np.abs(np.diff(g)) > rise * np.maximum(g[:-1], g[1:])) & (np.diff(e) > min_step)
+        if not gap.any():
+            break
+        mid = 0.5 * (e[:-1][gap] + e[1:][gap])
+        e, g = np.concatenate([e, mid]), np.concatenate([g, fn(mid)])
+        order = np.argsort(e, kind="stable")
+        e, g = e[order], g[order]
+    return e
+
+
+def plot_curves(theta: float, params: RuleParams, algorithms, points: int = PLOT_POINTS, min_step: float = 1e-6,
+                rise: float = 0.003) -> dict:
+    """The exact profiles g(E) as polylines for a plot: one common grid of E (a uniform grid, the bound's kink,
+    and every rule's refinement around its jumps and steep parts), so every curve, and the smoothness bound,
+    is exact at every vertex and coincident curves have identical vertices."""
+    r = float(params.r(theta))
+    c = 1.0 / (r * theta)
+    s = float(s_star(c, theta))
+    e = np.linspace(0.0, 1.0, points)
+    grid = [e]
+    if np.isfinite(s) and s > 0 and r < c:
+        grid.append(np.array([(r / c) ** (1.0 / s)]))  # the bound's kink: c E^s* = r
+    for name in algorithms:
+        grid.append(_refine(e, profile(name, theta, params, e), lambda x, n=name: profile(n, theta, params, x),
+                            min_step, rise))
+    e = np.unique(np.concatenate(grid))
+    return {"error": e, "theta": theta, "robustness": r, "consistency": c,
+            "bound": smoothness_bound(r, c, theta, e),
+            "curves": {name: profile(name, theta, params, e) for name in algorithms}}
