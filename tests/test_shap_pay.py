@@ -263,3 +263,13 @@ def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch):
     assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], res.stderr
     assert "Traceback" not in res.output and res.stdout == ""
     assert set(p.name for p in tmp_path.iterdir()) == before  # nothing written (no run folder left)
+
+
+def test_gradient_play_reaches_the_best_response_equilibrium(demo):
+    g = gm.default_game(options.GameConfig(), 0)
+    eq = options.EquilibriumConfig(mechanisms=("shap", "none"), dynamics="grad", deviation_grid=0)
+    r = api.equilibrium(g, options.ShapleyConfig(), eq, 0)
+    for name in ("shap", "none"):
+        m = r["mechanisms"][name]
+        assert m["converged"] and m["gap"] < 1e-6
+        assert np.allclose(m["s"], demo["mechanisms"][name]["s"], atol=1e-4)

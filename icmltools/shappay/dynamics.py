@@ -51,7 +51,8 @@ def _numeric_marginal(mech, ctx, i, h: float = 1e-4) -> float:
 
 def run_grad(mech, game, coal, cfg, rng=None, progress=None) -> dict:
     """[inf] projected gradient play: every agent moves s_i += lr (d payoff_i / d s_i - gamma_i), clipped to
-    [0, s_max_i]; stop when no step exceeds tol. The reported gap is the best-response gap."""
+    [0, s_max_i]; stop when no step exceeds tol / 100 (a step is lr times the payoff slope, far larger than the
+    distance to the best response when the payoff is flat). The reported gap is the best-response gap."""
     s = np.zeros(game.n)
     for r in range(1, cfg.max_rounds + 1):
         ctx = Context(game, coal, s)
@@ -62,10 +63,10 @@ def run_grad(mech, game, coal, cfg, rng=None, progress=None) -> dict:
         s = new
         if progress:
             progress(f"gradient play ({mech.name})", r, cfg.max_rounds)
-        if step < cfg.tol:
+        if step < cfg.tol / 100:
             break
     gap = br_gap(mech, game, coal, s, cfg.halvings)
-    return {"s": s, "rounds": r, "gap": gap, "converged": gap < cfg.tol}
+    return {"s": s, "rounds": r, "gap": gap, "converged": bool(gap < cfg.tol)}
 
 
 DYNAMICS = {"br": run_br, "grad": run_grad}

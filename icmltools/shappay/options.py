@@ -55,7 +55,7 @@ class EquilibriumConfig:
     tol: float = 1e-6
     max_rounds: int = 5000
     halvings: int = 60
-    lr: float = 2000.0               # --dynamics grad: step = lr * (marginal payoff - gamma_i), projected
+    lr: float = 500.0                # --dynamics grad: step = lr * (marginal payoff - gamma_i), projected
     deviation_grid: int | None = None  # None: 1001 when cheap (see dynamics.deviation_gain), 0 = skip
 
 
