@@ -18,8 +18,11 @@ test: install lint
 test-fast: lint
 	$(PY) -m pytest -m "not slow"
 
+# The main demo: a summary table on the terminal (stderr); the JSON document goes to runs/demo.json.
 demo: install
-	icml onemax-sim --mode worst-case --theta 16 --lam 0.5
+	@mkdir -p runs
+	icml onemax-sim --mode worst-case --theta 16 --lam 0.5 > runs/demo.json
+	@echo "JSON: runs/demo.json (icml onemax-sim --mode worst-case --theta 16 --lam 0.5 | jq .result)"
 
 completions:
 	_ICML_COMPLETE=bash_source icml > completions/icml.bash

@@ -99,5 +99,9 @@ def cli(ctx, mode, theta, lam, robustness, algorithms, rho, hn, hp, errors, nois
             run.log(f"onemax-sim: {res['n_windows']} windows of {res['window']} prices from {res['source']}; "
                     f"bounds: {bounds}; theta {res['theta']:.4g}" + (" (median of the windows)" if
                                                                      res["theta_is_median_of_windows"] else ""))
+        run.table(f"one-max search, theta = {res['theta']:.4g}: worst case over all price sequences (ALG/OPT)",
+                  ["rule", "robustness", "consistency", "Pareto-optimal"],
+                  [[a["name"], a["robustness"], a["consistency"], "yes" if a.get("pareto_optimal") else "no"]
+                   for a in res["algorithms"]])
         for warning in res.get("warnings", []):  # also in the JSON: result.warnings
             run.log(f"Warning: {warning} (--m/--M)" if warning.startswith("look-ahead") else f"Warning: {warning}")
