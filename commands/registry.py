@@ -11,6 +11,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "negmerge": ("negmerge", "NegMerge unlearning: sign-consensual task-vector merging of checkpoints, with baselines."),
     "subset-select": ("subset_select", "RAM-APL one-shot subset selection with several feature extractors, plus baselines."),
     "reopt": ("reopt", "VP-OR-style reoptimization of modified MILPs on SCIP, with baselines, generators, bench."),
+    "dsgda": ("dsgda", "Decoupled SGDA: local steps against stale opponents in games, vs GDA/EG/OGDA/Local SGDA."),
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
     "shap-pay": ("shap_pay", "M^Shap reciprocally fair federated-learning payments: Shapley payments and equilibria vs M0."),
 }

@@ -24,6 +24,7 @@ FAST_ARGS = {
     "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
     "subset-select": ["--seeds", "1", "-r", "0.05", "-m", "ram-apl", "-m", "random"],
     "reopt": ["demo", "--time-limit", "0.5"],
+    "dsgda": ["run", "--coupling", "0.1", "--local-steps", "10", "--methods", "decoupled,gda"],
     "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "2", "--max-steps", "10", "-H", "5", "--extract-iters", "4", "--enhance-iters", "2", "--policy-iters", "2", "--bc-iters", "2", "--eval-episodes", "1"],
     "shap-pay": ["equilibrium", "--n", "4", "--mechanism", "shap,none"],
 }
