@@ -259,6 +259,10 @@ def test_cli_plot(run_cli, tmp_path):
     _, doc = run_cli(["dsgda", "run", "-q", "--coupling", "0.1,1", "-K", "10", "--methods", "decoupled,gda",
                       "--plot", str(png)])
     assert png.read_bytes()[:4] == b"\x89PNG" and doc["artifacts"]["plot"] == str(png)
+    noisy = tmp_path / "n.png"
+    run_cli(["dsgda", "run", "-q", "--game", "noisy", "--sigma-off", "0,3", "--lr", "0.02", "--max-rounds", "60",
+             "--seeds", "1", "--plot", str(noisy)])
+    assert noisy.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_cli_solve_torch(run_cli, tmp_path):
@@ -303,6 +307,7 @@ BAD_INPUTS = [
     (["run", "--coupling", "nan"], 2, "--coupling"),
     (["run", "--coupling", "-1"], 2, "--coupling: couplings must be >= 0"),
     (["run", "--kappa", "inf"], 2, "--kappa"),
+    (["run", "--game", "blocks.json", "--coupling", "1"], 2, "--coupling: a FILE.json game"),
     (["run", "--game", "noisy", "--sigma-self", "1,2,3"], 2, "--sigma-self"),
     (["solve", "singular.json"], 2, "singular"),
     (["solve", "blocks.json", "-K", "0"], 2, "--local-steps"),

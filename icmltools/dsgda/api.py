@@ -43,6 +43,8 @@ def validate(cfg: RunConfig) -> None:
     _check(all(c is None or c >= 0 for c in cfg.coupling), "coupling", "couplings must be >= 0")
     _check(cfg.lr is None or all(x > 0 for x in cfg.lr), "lr", "step sizes must be > 0")
     _check(all(s >= 0 for s in cfg.sigma_self + cfg.sigma_off), "sigma_self", "noise levels must be >= 0")
+    _check(game_kind(cfg.game) != "file" or cfg.coupling == (None,), "coupling",
+           "a FILE.json game has its own coupling (J); drop this option")
     for name in cfg.methods:
         _check(name in maps.METHODS, "methods", f"unknown method {name!r}")
 
