@@ -31,6 +31,16 @@ PARAM_FLAGS = {"local_steps": "--local-steps", "sigma_self": "--sigma-self", "si
 POSITIVE = click.FloatRange(min=0, min_open=True)
 
 
+def _defaults(key: str) -> str:
+    """'[default: quadratic, nplayer: X; noisy: Y; ...]' from options.GAME_DEFAULTS (no literal here)."""
+    def fmt(v):
+        return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in v) if isinstance(v, tuple) else f"{v:g}"
+    groups: dict = {}
+    for game in options.GAMES:
+        groups.setdefault(fmt(options.GAME_DEFAULTS[game][key]), []).append(game)
+    return "[default: " + "; ".join(f"{'/'.join(g)}: {v}" for v, g in groups.items()) + "]"
+
+
 @common.group("dsgda", invoke_without_command=True, epilog=GROUP_EPILOG)
 @common.standard_options(seed=True, threads=True)
 @click.pass_context
@@ -53,28 +63,28 @@ def cli(ctx, seed, threads, quiet, verbose):
 @click.option("--game", default=RunConfig.game, metavar="|".join(options.GAMES) + "|FILE.json",
               help="Game family, or a JSON file {blocks, J, h, names} (F(x) = J x + h).")
 @click.option("--coupling", type=common.CommaList(kind=float), default=None,
-              help="Couplings c = ||C||_2 (dirac-gan: lambda) [default: 0.1,0.3,1,3,10,30; noisy: 0.3].")
+              help="Couplings c = ||C||_2 (dirac-gan: lambda; not with a FILE.json) " + _defaults("coupling"))
 @click.option("--kappa", type=click.FloatRange(min=1), default=None,
-              help="Condition number L/mu of each player's block [default: 100; noisy: 10].")
+              help="Condition number L/mu of each player's block (quadratic, nplayer, noisy) " + _defaults("kappa"))
 @click.option("--mu", type=POSITIVE, default=RunConfig.mu, help="Smallest eigenvalue of each player's block.")
 @click.option("--dim", type=click.IntRange(min=1), default=RunConfig.dim, help="Dimension of each player.")
 @click.option("--players", type=click.IntRange(min=2), default=RunConfig.players, help="nplayer: players.")
 @click.option("--local-steps", "-K", "local_steps", type=common.CommaList(kind=float, positive=True), default=None,
-              help="Local steps K per round for decoupled/ghost/localsgda [default: 10,100; noisy: 10].")
+              help="Local steps K per round for decoupled/ghost/localsgda " + _defaults("local_steps"))
 @click.option("--methods", type=common.CommaList(options.METHODS, allow_all=True), default=None,
-              help="Methods [default: all; noisy: decoupled,localsgda,gda].")
+              help="Methods " + _defaults("methods"))
 @click.option("--eps", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=RunConfig.eps,
               help="Target ||x - x*|| <= eps ||x0 - x*||.")
 @click.option("--max-rounds", type=click.IntRange(min=1), default=None,
-              help="Round budget [default: 20000; noisy: 200 rounds run; dirac-gan: 5000].")
+              help="Round budget (noisy: rounds run) " + _defaults("max_rounds"))
 @click.option("--seeds", type=click.IntRange(min=1), default=RunConfig.seeds, help="noisy: seeds averaged.")
 @click.option("--lr", type=common.CommaList(kind=float, positive=True), default=None,
-              help="Step sizes searched [default: the grid 2^(-j/2), j = 0..35].")
+              help=f"Step sizes searched [default: the grid 2^(-j/2), j = 0..{len(options.LR_GRID) - 1}].")
 @click.option("--sigma-self", type=common.CommaList(kind=float), default=",".join(map(str, RunConfig.sigma_self)),
               help="noisy: self-gradient noise, one value or one per player (imbalanced).")
 @click.option("--sigma-off", type=common.CommaList(kind=float), default=None,
-              help="noisy: off-diagonal noise levels compared [default: 0,1,3,10].")
-@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write rounds vs coupling to a PNG.")
+              help="noisy: off-diagonal noise levels compared " + _defaults("sigma_off"))
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write rounds vs coupling (noisy: error vs off-diagonal noise) to a PNG.")
 @common.standard_options(seed=True, threads=True)
 @click.pass_context
 def run(ctx, game, coupling, kappa, mu, dim, players, local_steps, methods, eps, max_rounds, seeds, lr, sigma_self,
