@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import click
+from click.core import ParameterSource
 
 from icmltools.subset import options
 from icmltools.subset.options import Config
@@ -18,6 +19,24 @@ EPILOG = """Examples:
   icml subset-select -f clip.npy -f dinov2.npy --labels y.npy -m ram-apl -m random --evaluate \\
       -r 0.05 --seeds 3 | jq '.result.evaluation'
 """
+
+_CLICK_NAME = {"include_indices": "no_indices"}  # Config field -> click parameter where they differ
+
+
+def _refuse_unused(ctx: click.Context, cfg) -> None:
+    """An option given on the command line that this run would not use is a usage error (not ignored)."""
+    flags = {p.name: max(p.opts, key=len) for p in ctx.command.params if isinstance(p, click.Option)}
+    for name, why in options.unused_options(cfg).items():
+        name = _CLICK_NAME.get(name, name)
+        if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"{flags[name]}: {why}")
+
+
+def _shown_params(params: dict, cfg, resolved: dict) -> dict:
+    """The envelope's params: what ran (resolved methods, rates, mode), without the options that did not apply."""
+    unused = {_CLICK_NAME.get(n, n) for n in options.unused_options(cfg)}
+    return {k: v for k, v in {**params, **resolved}.items() if k not in unused}
+
 
 _RATES_HELP = (f"Selection rate p in (0, 1], repeatable. Default: {', '.join(map(str, options.SELECT_RATES))} when "
                f"selecting; {' '.join(map(str, options.EVALUATE_RATES))} when evaluating.")
@@ -48,24 +67,25 @@ _RATES_HELP = (f"Selection rate p in (0, 1], repeatable. Default: {', '.join(map
               help="Inputs of the target model: raw (embedded data; --raw for yours) or one feature view. "
                    "Default: raw for embedded data, view:0 for --features.")
 @click.option("--test-features", multiple=True, metavar="FILE",
-              help="Test-split features (one per --features) for --evaluate; without them a stratified "
-                   "--holdout of the given rows is the test set.")
+              help="Test-split features (one per --features, same order) for --evaluate on a feature view, with "
+                   "--test-labels; without a test split a stratified --holdout of the given rows is the test set.")
 @click.option("--test-labels", default=None, metavar="FILE[:COLUMN]", help="Test-split labels for --evaluate.")
 @click.option("--raw", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Raw target-model inputs (.npy, same rows as the features) for --eval-input raw.")
 @click.option("--raw-test", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="Raw test inputs (.npy) to go with --test-features.")
+              help="Raw test inputs (same shape per row as --raw) for --eval-input raw, with --test-labels.")
 @click.option("--holdout", type=click.FloatRange(0.05, 0.9), default=Config.holdout,
               help="Test fraction held out of your rows when --evaluate has no --test-features.")
 @click.option("--noise", type=click.FloatRange(0.0, 1.0, max_open=True), default=Config.noise,
-              help="Symmetric label noise injected into the training labels (fraction); the noisy fraction "
-                   "inside each subset is reported.")
+              help="Symmetric label noise injected into the training labels (fraction, below (K-1)/K for K "
+                   "classes); the noisy fraction inside each subset is reported.")
 @click.option("--seeds", type=click.IntRange(1, 100), default=Config.seeds,
               help="Evaluation repeats k = 0..N-1; repeat k draws its label noise, random/k-center choices and "
                    "training from derive(--seed, 'subset', 'repeat', k).")
 @click.option("--indices-out", default=None, type=click.Path(dir_okay=False),
               help="Write the selected indices as a plain text file (one per line); with several "
-                   "(method, rate) pairs, one file each: STEM.METHOD.pRATE.txt.")
+                   "(method, rate) pairs, one file each: STEM.METHOD.pRATE.txt. The folder must exist; all output "
+                   "files are written together at the end, or none.")
 @click.option("--scores-out", default=None, type=click.Path(dir_okay=False),
               help="Write per-sample [RAM, APL] (N x 2 .npy); score = W1*RAM + W2*APL at any rate.")
 @click.option("--no-indices", is_flag=True, help="Leave the index lists out of the JSON (use with --indices-out).")
@@ -94,6 +114,8 @@ def cli(ctx, features, labels, methods, rates, view, dataset, n_views, evaluate,
             test_features=tuple(test_features), test_labels=test_labels, raw=raw, raw_test=raw_test,
             holdout=holdout, noise=noise, seeds=seeds, seed=seed, indices_out=indices_out, scores_out=scores_out,
             include_indices=not no_indices, chunk_rows=chunk_rows, device=run.device))
+        _refuse_unused(ctx, cfg)
+        run.params = _shown_params(run.params, cfg, api.shown_params(cfg))
         with run.progress() as cb, run.timer.phase("evaluate" if cfg.evaluate else "select"):
             run.result, art = api.run(cfg, progress=cb, stream=run.stream if jsonl else None)
         run.artifacts.update(art)

@@ -485,3 +485,314 @@ def test_select_mode_noise_and_synthetic_data_come_from_derived_streams(engine):
     row = res["selections"][0]
     assert row["indices"].tolist() == want.indices.tolist()
     assert row["noisy_fraction"] == pytest.approx(float(noisy[want.indices].mean()))
+
+
+# ------------------------------------------------------------------------------------ the bad-input catalogue
+# (issue 19) Each row: argv after `icml subset-select -q --threads 1`, exit code, a substring of the one
+# stderr line. Files are the fixtures `_bad_fixtures` writes into the working folder (a tmp_path).
+
+BAD_INPUTS = [
+    # files a new user gets wrong
+    ("-f missing.npy --labels y.npy", 2, "missing.npy: no such file"),
+    ("-f a.npy --labels nofile.npy", 2, "nofile.npy: no such file"),
+    ("-f corrupt.npy --labels y.npy", 2, "corrupt.npy: not a .npy file"),
+    ("-f trunc.npy --labels y.npy", 2, "trunc.npy: truncated"),
+    ("-f obj.npy --labels y.npy", 2, "obj.npy: holds Python objects"),
+    ("-f a.npy --labels corrupt.npy", 2, "corrupt.npy: not a .npy file"),
+    ("-f z.npz --labels y.npy", 2, "z.npz: holds 2 arrays"),
+    ("-f z.npz:c --labels y.npy", 2, "z.npz: no array named 'c'"),
+    ("-f a.npy --labels y.csv:nope", 2, "y.csv: no column named 'nope'"),
+    ("-f a.npy --labels y.csv:5", 2, "y.csv: column 5 out of range"),
+    ("-f a.npy", 2, "--labels: required with feature files"),
+    # shapes
+    ("-f a.npy -f short.npy --labels y.npy", 2, "short.npy: 69 rows"),
+    ("-f a.npy --labels ylong.npy", 2, "73 labels"),
+    ("-f vec.npy --labels y.npy", 2, "vec.npy: features must be a 2-D array"),
+    ("-f cube.npy --labels y.npy", 2, "cube.npy: features must be a 2-D array"),
+    ("-f empty0.npy --labels y.npy", 2, "empty0.npy: empty feature array"),
+    ("-f a.npy --labels one.npy", 2, "a single class"),
+    ("-f a.npy --labels y1.npy", 2, "class 7 has 1 sample"),
+    # NaN / inf / overflow in features and labels
+    ("-f nan.npy --labels y.npy", 2, "nan.npy: row 5 holds NaN or inf (column 2: nan)"),
+    ("-f inf.npy --labels y.npy -m kcenter", 2, "inf.npy: row 17 holds NaN or inf (column 0: inf)"),
+    ("-f a.npy -f nan.npy --labels y.npy -m random", 2, "nan.npy: row 5 holds NaN"),
+    ("-f a.npy -f nan.npy --labels y.npy -m kcenter", 2, "nan.npy: row 5 holds NaN"),
+    ("-f big.npy --labels y.npy", 2, "big.npy: distances overflow"),
+    ("-f big.npy --labels y.npy -m kcenter", 2, "big.npy: distances overflow"),
+    ("-f a.npy --labels ynan.npy", 2, "ynan.npy: label 3 (0-based row) is nan"),
+    ("-f a.npy --labels yn.csv", 2, "yn.csv: line 5: label 'nan'"),
+    ("-f a.npy --labels yblank.csv", 2, "yblank.csv: line 6 is blank"),
+    ("-f a.npy --labels yempty.csv", 2, "yempty.csv: line 4: empty label"),
+    # rates, view, noise
+    ("-f a.npy --labels y.npy -r 0", 2, "--rate: 0.0 must lie in (0, 1]"),
+    ("-f a.npy --labels y.npy -r 1.5", 2, "--rate: 1.5 must lie in (0, 1]"),
+    ("-f a.npy --labels y.npy -r -0.2", 2, "must lie in (0, 1]"),
+    ("-f a.npy --labels y.npy -r 0.001", 2, "--rate: 0.001 keeps no sample of class 0 (30 samples: round(30 x "
+     "0.001) = 0); the smallest rate that keeps every class here is 0.0167"),
+    ("-f a.npy --labels y.npy -r 0.02 -m moderate", 2, "int(30 x 0.02) = 0); the smallest rate that keeps every "
+     "class here is 0.0334"),
+    ("-f a.npy --labels y.npy -r 0.001 --evaluate --seeds 1", 2, "the smallest rate that keeps every class here "
+     "is 0.0455"),
+    ("-f a.npy -f b.npy --labels y.npy --view 2", 2, "--view: 2: out of range (feature views: 0 to 1"),
+    ("--dataset synthetic --n-views 2 --view 2 --no-evaluate", 2, "--view: 2: out of range"),
+    ("-f a.npy --labels y.npy --noise 0.5", 2, "--noise: 0.5: with 2 classes"),
+    ("-f a.npy --labels y.npy --noise 0.9 --evaluate --seeds 1", 2, "(K-1)/K"),
+    ("--noise 0.9 -r 0.5 --seeds 1 -m random", 2, "--noise: 0.9: with 10 classes"),
+    # options that would be ignored
+    ("-f a.npy --labels y.npy --test-features Xt.npy", 2, "--test-features: only used when evaluating"),
+    ("-f a.npy --labels y.npy --raw raw.npy", 2, "--raw: only used when evaluating"),
+    ("-f a.npy --labels y.npy --seeds 2", 2, "--seeds: only used when evaluating"),
+    ("-f a.npy --labels y.npy --dataset synthetic", 2, "--dataset: only used with the embedded data"),
+    ("--labels y.npy", 2, "--labels: only used with feature files"),
+    ("--evaluate --indices-out x.txt", 2, "--indices-out: only used in selection mode"),
+    ("-f a.npy --labels y.npy --evaluate --raw raw.npy --raw-test rawt.npy", 2,
+     "--raw-test: a test split needs its labels"),
+    ("-f a.npy --labels y.npy --evaluate --raw-test rawt.npy", 2,
+     "--raw-test: not used when the target model reads a feature view"),
+    ("-f a.npy --labels y.npy --evaluate --raw raw.npy --raw-test rawt.npy --test-labels yt.npy "
+     "--test-features Xt.npy", 2, "--test-features: not used when the target model reads raw inputs"),
+    ("-f a.npy --labels y.npy --evaluate --test-features Xt.npy --test-labels yt.npy --holdout 0.3", 2,
+     "--holdout: not used with a given test split"),
+    # evaluation inputs
+    ("-f a.npy --labels y.npy --evaluate --test-features Xt.npy", 2, "--test-features: a test split needs its labels"),
+    ("-f a.npy --labels y.npy --evaluate --test-labels yt.npy", 2, "--test-features: a test split for a feature view"),
+    ("-f a.npy --labels y.npy --evaluate --eval-input raw", 2, "--eval-input: raw needs the raw inputs file"),
+    ("-f a.npy --labels y.npy --evaluate --eval-input view:4 --seeds 1", 2, "--eval-input: view:4"),
+    ("-f a.npy --labels y.npy --evaluate --target cnn", 2, "--target: cnn needs image inputs"),
+    ("-f a.npy --labels y.npy --evaluate --test-features Xtinf.npy --test-labels yt.npy --seeds 1", 2,
+     "Xtinf.npy: row 3 holds NaN or inf (column 1: inf)"),
+    ("-f a.npy --labels y.npy --evaluate --raw rawnan.npy --seeds 1", 2, "rawnan.npy: row 2 holds NaN or inf"),
+    ("-f a.npy --labels y.npy --evaluate --test-features Xt.npy --test-labels ytnew.npy", 2,
+     "label 7 does not occur in the training labels"),
+    ("-f a.npy --labels y.npy --evaluate --test-features Xtdim.npy --test-labels yt.npy", 2, "does not match"),
+    ("-f a.npy -f b.npy --labels y.npy --evaluate --test-features Xt.npy --test-labels yt.npy", 2,
+     "--test-features: 1 file(s) for 2 feature file(s)"),
+    ("-f a.npy --labels y2.npy --evaluate --seeds 1", 2, "--holdout: class 5 has 2 rows"),
+    ("-f a.npy --labels y12.npy --evaluate --holdout 0.1 --seeds 1", 2, "--holdout: 0.1 of 70 rows is 7 test rows "
+     "for 12 classes"),
+    # outputs: unwritable, colliding or on an input; all written or none
+    ("-f a.npy --labels y.npy -m kcenter --scores-out s.npy --indices-out i.txt", 2,
+     "--scores-out: needs one of ram-apl, ram, concat"),
+    ("-f a.npy --labels y.npy --scores-out a.npy", 2, "--scores-out: a.npy is one of the input files"),
+    ("-f a.npy --labels y.npy -m ram -r 0.1 -r 0.1000001 --indices-out i.txt", 2, "two outputs would share"),
+    ("-f a.npy --labels y.npy --indices-out afile/x.txt", 1, "cannot write afile/x.txt: not a directory"),
+    ("-f a.npy --labels y.npy --indices-out nodir/x.txt", 1, "cannot write nodir/x.txt: folder nodir does not exist"),
+    ("-f a.npy --labels y.npy --indices-out adir", 2, "is a directory"),
+    ("-f a.npy --labels y.npy -m ram-apl -m random -r 0.1 -r 0.2 --indices-out i.txt --scores-out afile/s.npy", 1,
+     "cannot write afile/s.npy: not a directory"),
+    ("-f a.npy -f nan.npy --labels y.npy -m ram-apl -r 0.1 -r 0.2 --indices-out i.txt --scores-out s.npy", 2,
+     "nan.npy: row 5"),
+]
+
+
+def _bad_fixtures(d):
+    """The files BAD_INPUTS names: two clean views of 70 rows (classes 0: 30, 1: 40) and broken variants."""
+    rng = np.random.default_rng(0)
+    y = np.repeat([0, 1], [30, 40])
+    rng.shuffle(y)
+    X = (rng.normal(0, 1, (70, 5)) + 3 * y[:, None]).astype(np.float32)
+    save = {"a": X, "b": X @ rng.normal(0, 1, (5, 7)).astype(np.float32), "y": y, "short": X[:-1],
+            "ylong": np.r_[y, y[:3]], "vec": X[:, 0], "cube": X.reshape(70, 5, 1), "empty0": np.zeros((70, 0)),
+            "one": np.zeros(70, dtype=int), "y1": np.r_[y[:69], 7], "big": X * np.float32(1e30),
+            "y2": np.r_[[5, 5], y[2:]], "y12": np.arange(70) % 12, "Xt": X[:20], "yt": y[:20],
+            "Xtdim": X[:20, :3], "ytnew": np.r_[y[:19], 7], "raw": X, "rawt": X[:20]}
+    for k, v in save.items():
+        np.save(d / f"{k}.npy", v)
+    for name, (r, c, val) in {"nan": (5, 2, np.nan), "inf": (17, 0, np.inf), "Xtinf": (3, 1, np.inf),
+                              "rawnan": (2, 0, np.nan)}.items():
+        Z = X[:20].copy() if name == "Xtinf" else X.copy()
+        Z[r, c] = val
+        np.save(d / f"{name}.npy", Z)
+    yf = y.astype(float)
+    yf[3] = np.nan
+    np.save(d / "ynan.npy", yf)
+    np.save(d / "obj.npy", np.array([1, "a"], dtype=object), allow_pickle=True)
+    np.savez(d / "z.npz", a=X, b=X)
+    (d / "corrupt.npy").write_bytes(b"garbage, not an array")
+    (d / "trunc.npy").write_bytes((d / "a.npy").read_bytes()[:200])
+    (d / "y.csv").write_text("id,label\n" + "".join(f"{i},{v}\n" for i, v in enumerate(y)))
+    lines = [str(v) for v in y]
+    (d / "yn.csv").write_text("label\n" + "\n".join(lines[:3] + ["nan"] + lines[4:]) + "\n")
+    (d / "yblank.csv").write_text("label\n" + "\n".join(lines[:4] + [""] + lines[5:]) + "\n")
+    (d / "yempty.csv").write_text("id,label\n" + "".join(f"{i},{'' if i == 2 else v}\n" for i, v in enumerate(y)))
+    (d / "afile").write_text("x")
+    (d / "adir").mkdir()
+
+
+@pytest.fixture
+def bad_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _bad_fixtures(tmp_path)
+    return tmp_path
+
+
+def _files(d):
+    return {p for p in d.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("argv,code,needle", [pytest.param(*row, id=row[0]) for row in BAD_INPUTS])
+def test_bad_input_catalogue(argv, code, needle, bad_dir):
+    import shlex
+
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    before = _files(bad_dir)
+    res = CliRunner().invoke(cli, ["subset-select", "-q", "--threads", "1", *shlex.split(argv)])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert res.exit_code == code, (res.exit_code, res.stderr[-1500:])
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    left = _files(bad_dir) - before
+    assert not left, left  # nothing written: no index file, no temporary file, no run folder
+
+
+def _cli(argv):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    return CliRunner().invoke(cli, ["subset-select", "-q", "--threads", "1", *argv])
+
+
+def test_outputs_are_written_together_and_nothing_else(bad_dir):
+    """Index files and the scores file appear together at the end, with normal permissions, and no temporary
+    file stays behind (they were all reserved before the work)."""
+    import json
+    import stat
+
+    before = _files(bad_dir)
+    res = _cli(["-f", "a.npy", "-f", "b.npy", "--labels", "y.npy", "-m", "ram-apl", "-m", "random", "-r", "0.1",
+                "-r", "0.2", "--indices-out", "i.txt", "--scores-out", "s.npy"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    made = {p.name for p in _files(bad_dir) - before}
+    assert made == {"i.ram-apl.p0.1.txt", "i.ram-apl.p0.2.txt", "i.random.p0.1.txt", "i.random.p0.2.txt", "s.npy"}
+    assert sorted(doc["artifacts"]["indices"]) == sorted(n for n in made if n.startswith("i."))
+    for s in doc["result"]["selections"]:
+        got = np.loadtxt(bad_dir / f"i.{s['method']}.p{s['rate']:g}.txt", dtype=int).tolist()
+        assert got == s["indices"]
+    assert np.load(bad_dir / "s.npy").shape == (70, 2)
+    assert stat.S_IMODE((bad_dir / "s.npy").stat().st_mode) & 0o044  # not a private temp file's 0600
+
+
+def test_staged_outputs_leave_nothing_on_interrupt(tmp_path):
+    from icmltools.subset.io import StagedOutputs
+
+    (tmp_path / "old.txt").write_text("previous")
+    with pytest.raises(KeyboardInterrupt):
+        with StagedOutputs([tmp_path / "old.txt", tmp_path / "new.txt"]) as st:
+            with st.open(tmp_path / "old.txt") as fh:
+                fh.write(b"half")
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.txt"]
+    assert (tmp_path / "old.txt").read_text() == "previous"
+
+
+def test_min_rate_is_the_smallest_rate_that_keeps_every_class():
+    for n in list(range(1, 300)) + [997, 10_000, 123_457]:
+        for methods in (["ram-apl"], ["moderate", "random"]):
+            q = S.min_rate(n, methods)
+            rounds = ["round", "int"] if "moderate" in methods else ["round"]
+            assert all(S.budgets([n], q, r)[0] >= 1 for r in rounds), (n, methods, q)
+            # one unit less in the third significant digit keeps no sample of the class
+            e = math.log10(q)
+            unit = 10.0 ** (round(e) - 3 if abs(e - round(e)) < 1e-9 else math.floor(e) - 2)
+            assert any(S.budgets([n], q - unit, r)[0] < 1 for r in rounds), (n, methods, q)
+
+
+def test_noise_limit_is_k_minus_one_over_k():
+    from icmltools.core.errors import BadInputError
+    from icmltools.subset.api import check_noise
+
+    check_noise(0.49, 2)
+    check_noise(0.89, 10)
+    for noise, k in ((0.5, 2), (0.9, 2), (2 / 3, 3), (0.9, 10)):
+        with pytest.raises(BadInputError) as ei:
+            check_noise(noise, k)
+        assert ei.value.param == "noise"
+
+
+def test_evaluation_reports_n_selected_per_seed(bad_dir):
+    """Under label noise the class sizes, hence round(n_c p), change from repeat to repeat: every repeat's count
+    is reported (n_selected is their mean, as test_acc is the mean of test_accs)."""
+    import json
+
+    res = _cli(["-f", "a.npy", "--labels", "y.npy", "--evaluate", "-m", "ram-apl", "-r", "0.3", "--seeds", "4",
+                "--noise", "0.3"])
+    assert res.exit_code == 0, res.stderr
+    row = json.loads(res.stdout)["result"]["evaluation"][0]
+    per = row["n_selected_per_seed"]
+    assert len(per) == 4 == len(row["test_accs"]) and len(set(per)) > 1, per
+    assert row["n_selected"] == pytest.approx(np.mean(per))
+    res = _cli(["-f", "a.npy", "--labels", "y.npy", "--evaluate", "-m", "ram-apl", "-r", "0.3", "--seeds", "2"])
+    row = json.loads(res.stdout)["result"]["evaluation"][0]
+    assert row["n_selected_per_seed"] == [row["n_selected"]] * 2 and isinstance(row["n_selected"], int)
+
+
+def test_params_show_what_ran(bad_dir):
+    import json
+
+    res = _cli(["-f", "a.npy", "-f", "b.npy", "--labels", "y.npy"])
+    p = json.loads(res.stdout)["params"]
+    assert p["methods"] == ["ram-apl"] and p["rates"] == [0.1] and p["evaluate"] is False
+    for gone in ("dataset", "n_views", "seeds", "target", "holdout", "eval_input", "test_features", "raw"):
+        assert gone not in p, gone
+    res = _cli(["-f", "a.npy", "--labels", "y.npy", "--evaluate", "-m", "random", "-r", "0.5", "--seeds", "1"])
+    p = json.loads(res.stdout)["params"]
+    assert p["methods"] == ["random"] and p["evaluate"] is True and p["eval_input"] == "view:0"
+    assert "dataset" not in p and "indices_out" not in p and p["seeds"] == 1
+    res = _cli(["--dataset", "synthetic", "--no-evaluate", "-m", "random"])
+    p = json.loads(res.stdout)["params"]
+    assert p["dataset"] == "synthetic" and "labels" not in p and "features" in p
+
+
+def test_raw_inputs_with_a_test_split_need_no_test_features(bad_dir):
+    """The target model reads the raw inputs: the test split is the raw test file and its labels (the held-out
+    rows are not used, and no test features are asked for)."""
+    import json
+
+    res = _cli(["-f", "a.npy", "-f", "b.npy", "--labels", "y.npy", "--evaluate", "--raw", "raw.npy", "--raw-test",
+                "rawt.npy", "--test-labels", "yt.npy", "-m", "ram-apl", "-r", "0.5", "--seeds", "1"])
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    assert r["n_train"] == 70 and r["n_test"] == 20 and r["eval_input"] == "raw"
+
+
+def test_text_labels_numbers_and_names(tmp_path):
+    from icmltools.subset import io
+
+    (tmp_path / "a.csv").write_text("id,label\n0,1.0\n1,2\n2,1\n")
+    assert io.load_labels(str(tmp_path / "a.csv")).tolist() == [1, 2, 1]
+    (tmp_path / "b.csv").write_text("label\ncat\ndog\n\n# a comment at the end\n")
+    assert io.load_labels(str(tmp_path / "b.csv") + ":label").tolist() == ["cat", "dog"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_writes_no_output_file(tmp_path):
+    """A real SIGINT while k-center runs (after RAM-APL has its subset): exit 130, one line, and neither the
+    index files nor the scores file nor a temporary file exists."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "f.npy", rng.normal(0, 1, (60000, 32)).astype(np.float32))
+    np.save(tmp_path / "y.npy", rng.integers(0, 10, 60000))
+    before = _files(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
+    env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
+    p = subprocess.Popen([sys.executable, "-m", "icmltools", "subset-select", "--threads", "1", "-f", "f.npy",
+                          "--labels", "y.npy", "-m", "ram-apl", "-m", "kcenter", "-r", "0.5", "--indices-out", "i.txt",
+                          "--scores-out", "s.npy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    time.sleep(6)
+    assert p.poll() is None, "finished before the signal"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err.decode()[-1000:]
+    assert out == b"" and err.decode().strip().splitlines()[-1] == "Error: interrupted (nothing was written)"
+    assert _files(tmp_path) == before

@@ -3,37 +3,80 @@ index files. `run(cfg)` returns (result, artifacts); `resolve(cfg)` shows the de
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+import os
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from icmltools.core.errors import BadInputError
-from icmltools.core.jsonio import atomic_path
 from icmltools.core.seed import derive
 
 from . import io, options
 from .data import Dataset, digits, inject_noise, synthetic
 from .engine import Engine
+from .evalinputs import eval_inputs
 from .evaluate import evaluate
 from .options import Config
-from .select import CITATIONS, METHODS, Context, check_rate, select_many
+from .select import CITATIONS, METHODS, Context, check_budgets, check_rate, select_many
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Config", "resolve", "run", "load_user", "run_select", "eval_inputs", "write_indices"]
+__all__ = ["Config", "resolve", "validate", "run", "load_user", "run_select", "eval_inputs", "output_paths",
+           "shown_params"]
 
 EMBEDDED = options.DATASETS
+SINGLE_VIEW = ("min", "moderate", "kcenter", "herding", "graphcut")  # the baselines that read view `view` only
 
 
 def resolve(cfg: Config) -> Config:
     """Fill what the user left open: evaluation is on for the embedded data and off for feature files;
-    methods and rates default to `options.EVALUATE_*` when evaluating, `options.SELECT_*` when selecting."""
-    do_eval = cfg.evaluate if cfg.evaluate is not None else not cfg.features
+    methods and rates default to `options.EVALUATE_*` when evaluating, `options.SELECT_*` when selecting; the
+    target model reads the raw inputs (embedded data, or the user's raw file) or else feature view 0."""
+    do_eval = bool(cfg.evaluate if cfg.evaluate is not None else not cfg.features)
     methods = cfg.methods or (options.EVALUATE_METHODS if do_eval else options.SELECT_METHODS)
     rates = cfg.rates or (options.EVALUATE_RATES if do_eval else options.SELECT_RATES)
-    return replace(cfg, evaluate=bool(do_eval), methods=tuple(dict.fromkeys(methods)),
+    eval_input = cfg.eval_input
+    if do_eval and eval_input is None:
+        eval_input = "raw" if (not cfg.features or cfg.raw) else "view:0"
+    return replace(cfg, evaluate=do_eval, methods=tuple(dict.fromkeys(methods)), eval_input=eval_input,
                    rates=tuple(dict.fromkeys(float(p) for p in rates)))
+
+
+def shown_params(cfg: Config) -> dict:
+    """What a resolved run uses, for the envelope: the resolved methods, rates, mode and target inputs; the
+    options that do not apply (`options.unused_options`) are to be left out."""
+    return {"methods": list(cfg.methods), "rates": list(cfg.rates), "evaluate": cfg.evaluate,
+            "eval_input": cfg.eval_input}
+
+
+def _check_unused(cfg: Config) -> None:
+    """An option that does not apply to this run is refused, not silently ignored."""
+    defaults = {f.name: f.default for f in fields(Config)}
+    for name, why in options.unused_options(cfg).items():
+        if name in defaults and getattr(cfg, name) not in (defaults[name], ()):
+            raise BadInputError(why, param=name)
+
+
+def _check_eval_split(cfg: Config) -> None:
+    """A test split is test labels plus the target model's test inputs (raw test file, or one test feature
+    file per feature file); without test labels the test set is held out of the user's rows."""
+    if not (cfg.evaluate and cfg.features):
+        return
+    if cfg.eval_input == "raw" and not cfg.raw:
+        raise BadInputError("raw needs the raw inputs file (one row per feature row)", param="eval_input")
+    if cfg.target == "cnn" and cfg.eval_input != "raw":
+        raise BadInputError("cnn needs image inputs (N, C, H, W): give them as raw inputs", param="target")
+    if not cfg.test_labels:
+        if cfg.test_features or cfg.raw_test:
+            raise BadInputError("a test split needs its labels (without them the test set is held out of your rows)",
+                                param="test_features" if cfg.test_features else "raw_test")
+        return
+    if cfg.eval_input == "raw" and not cfg.raw_test:
+        raise BadInputError("a test split for raw inputs needs the raw test file", param="raw_test")
+    if cfg.eval_input != "raw" and not cfg.test_features:
+        raise BadInputError("a test split for a feature view needs one test feature file per feature file",
+                            param="test_features")
 
 
 def validate(cfg: Config) -> None:
@@ -45,14 +88,74 @@ def validate(cfg: Config) -> None:
         raise BadInputError(f"unknown method {bad[0]!r}; choose from {', '.join(METHODS)}", param="methods")
     if not 0.0 <= cfg.noise < 1.0:
         raise BadInputError(f"{cfg.noise}: must lie in [0, 1)", param="noise")
-    if not cfg.features:
-        if cfg.labels:
-            raise BadInputError("given without feature files (the embedded data brings its own labels)",
-                                param="labels")
-        if cfg.dataset not in EMBEDDED:
-            raise BadInputError(f"unknown dataset {cfg.dataset!r}; use {' or '.join(EMBEDDED)}", param="dataset")
+    if not cfg.features and cfg.dataset not in EMBEDDED:
+        raise BadInputError(f"unknown dataset {cfg.dataset!r}; use {' or '.join(EMBEDDED)}", param="dataset")
+    if cfg.features and not cfg.labels:
+        raise BadInputError("required with feature files", param="labels")
+    _check_unused(cfg)
+    _check_eval_split(cfg)
+    n_views = len(cfg.features) if cfg.features else cfg.n_views
+    if not 0 <= cfg.view < n_views:
+        raise BadInputError(f"{cfg.view}: out of range (feature views: 0 to {n_views - 1}, "
+                            f"{'one per feature file' if cfg.features else 'of the embedded data'})", param="view")
+    if cfg.scores_out and not set(cfg.methods) & set(options.STATS_METHODS):
+        raise BadInputError(f"needs one of {', '.join(options.STATS_METHODS)} among the methods", param="scores_out")
+    output_paths(cfg)
 
 
+# ------------------------------------------------------------------------------------------ outputs
+def _index_path(base: str, method: str, rate: float, many: bool) -> Path:
+    p = Path(base)
+    if not many:
+        return p
+    return p.with_name(f"{p.stem}.{method}.p{rate:g}{p.suffix or '.txt'}")
+
+
+def output_paths(cfg: Config) -> dict:
+    """{("indices", method, rate) or "scores": path} of a resolved selection run; two outputs on one path, or
+    an output on an input file, are refused."""
+    out = {}
+    if cfg.indices_out:
+        many = len(cfg.methods) * len(cfg.rates) > 1
+        for m in cfg.methods:
+            for p in cfg.rates:
+                out[("indices", m, p)] = _index_path(cfg.indices_out, m, p, many)
+    if cfg.scores_out:
+        out["scores"] = Path(cfg.scores_out)
+    seen: dict = {}
+    for key, path in out.items():
+        name = "scores_out" if key == "scores" else "indices_out"
+        resolved = os.path.realpath(path)
+        if resolved in seen:
+            raise BadInputError(f"{path}: two outputs would share this file ({seen[resolved]} and {key})", param=name)
+        seen[resolved] = key
+    inputs = [io.split_key(s)[0] for s in (*cfg.features, cfg.labels) if s]
+    for key, path in out.items():
+        if any(os.path.realpath(path) == os.path.realpath(i) for i in inputs):
+            raise BadInputError(f"{path} is one of the input files; it would be overwritten",
+                                param="scores_out" if key == "scores" else "indices_out")
+    return out
+
+
+def _write_outputs(staged, paths: dict, sels, stats) -> dict:
+    """Fill the staged files (renamed onto their paths when the run ends without error)."""
+    for s in sels:
+        key = ("indices", s.method, s.rate)
+        if key in paths:
+            with staged.open(paths[key]) as fh:
+                np.savetxt(fh, s.indices, fmt="%d")
+    art = {}
+    idx = [str(p) for k, p in paths.items() if k != "scores"]
+    if idx:
+        art["indices"] = idx if len(idx) > 1 else idx[0]
+    if "scores" in paths:
+        with staged.open(paths["scores"]) as fh:
+            np.save(fh, np.stack([stats.ram, stats.apl], axis=1))
+        art["scores"] = str(paths["scores"])
+    return art
+
+
+# ------------------------------------------------------------------------------------------ inputs
 def _lazy(spec: str):
     """A view opener: the file is memory-mapped when used and released when the caller drops it."""
     def open_view():
@@ -106,36 +209,32 @@ def load(cfg: Config) -> Dataset:
     return synthetic(cfg.n_views, seed=cfg.seed)
 
 
-def _index_path(base: str, method: str, rate: float, many: bool) -> Path:
-    p = Path(base)
-    if not many:
-        return p
-    return p.with_name(f"{p.stem}.{method}.p{rate:g}{p.suffix or '.txt'}")
+def check_noise(noise: float, n_classes: int) -> None:
+    """Symmetric noise at rate r leaves a label right with probability 1 - r and each other class with
+    r / (K - 1): from r = (K - 1) / K on, labels carry no information about the class (0.9 on two classes
+    swaps them). Refused."""
+    top = (n_classes - 1) / n_classes
+    if noise >= top:
+        raise BadInputError(f"{noise:g}: with {n_classes} classes, symmetric label noise at or above "
+                            f"{top:.4g} = (K-1)/K leaves labels that say nothing about the class (or invert "
+                            "them); use a smaller fraction", param="noise")
 
 
-def write_indices(base: str, sels, many: bool) -> list[str]:
-    paths = []
-    for s in sels:
-        path = _index_path(base, s.method, s.rate, many)
-        if not path.parent.exists():
-            raise BadInputError(f"{base}: folder {path.parent} does not exist", param="indices_out")
-        with atomic_path(path) as tmp:
-            np.savetxt(tmp, s.indices, fmt="%d")
-        paths.append(str(path))
-    return paths
+def _scan_unread(cfg: Config, ds: Dataset) -> None:
+    """NaN/inf in a feature file that no selected method reads would pass unseen: scan those files once (the
+    views a method reads are checked by its own pass)."""
+    if set(cfg.methods) & set(options.STATS_METHODS):
+        return
+    read = {cfg.view} if set(cfg.methods) & set(SINGLE_VIEW) else set()
+    for k, (v, name) in enumerate(zip(ds.views, ds.view_names)):
+        if k not in read:
+            io.check_finite(v() if callable(v) else v, name)
 
 
-def _write_scores(path: str, stats) -> str:
-    if stats is None:
-        raise BadInputError("needs ram-apl, ram or concat among the methods", param="scores_out")
-    with atomic_path(path, suffix=".tmp.npy") as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, np.stack([stats.ram, stats.apl], axis=1))
-    return str(path)
-
-
-def run_select(cfg: Config, ds: Dataset, engine: Engine) -> tuple[dict, dict]:
-    """Selection mode: per (method, rate) sorted indices, per-class counts, weights. Returns (result, artifacts)."""
+# ------------------------------------------------------------------------------------------ the two modes
+def run_select(cfg: Config, ds: Dataset, engine: Engine, staged=None) -> tuple[dict, dict]:
+    """Selection mode: per (method, rate) sorted indices, per-class counts, weights. Returns (result, artifacts);
+    index and score files go to `staged` (an `io.StagedOutputs` over `output_paths(cfg)`)."""
     sels, stats = select_many(cfg.methods, ds.views, ds.labels, ds.n_classes, cfg.rates, engine=engine,
                               seed=cfg.seed, view=cfg.view, names=ds.view_names)
     names = ds.class_names or list(range(ds.n_classes))
@@ -149,11 +248,8 @@ def run_select(cfg: Config, ds: Dataset, engine: Engine) -> tuple[dict, dict]:
             row["indices"] = s.indices
         out.append(row)
     artifacts = {"_indices": [s.indices for s in sels]}
-    if cfg.indices_out:
-        paths = write_indices(cfg.indices_out, sels, many=len(sels) > 1)
-        artifacts["indices"] = paths if len(paths) > 1 else paths[0]
-    if cfg.scores_out:
-        artifacts["scores"] = _write_scores(cfg.scores_out, stats)
+    if staged is not None:
+        artifacts.update(_write_outputs(staged, output_paths(cfg), sels, stats))
     res = {"mode": "select", "n": int(len(ds.labels)), "n_classes": int(ds.n_classes),
            "extractors": [{"name": n, "dim": int(_shape_only(v).shape[1])} for n, v in zip(ds.view_names, ds.views)],
            "baseline_view": ds.view_names[cfg.view], "selections": out,
@@ -161,106 +257,18 @@ def run_select(cfg: Config, ds: Dataset, engine: Engine) -> tuple[dict, dict]:
     return res, artifacts
 
 
-# ------------------------------------------------------------------------------------------ evaluation inputs
-def _view_index(spec: str, ds: Dataset) -> int:
-    s = spec[5:] if spec.startswith("view:") else spec
-    if s.isdigit() and int(s) < len(ds.views):
-        return int(s)
-    if s in ds.view_names:
-        return ds.view_names.index(s)
-    raise BadInputError(f"{spec}: use raw, or view:K with K < {len(ds.views)} (views: {', '.join(ds.view_names)})",
-                        param="eval_input")
-
-
-def _embedded_inputs(cfg: Config, ds: Dataset):
-    """Target-model inputs of the embedded data: its raw inputs (images for the CNN) or one view."""
-    if cfg.eval_input != "raw":
-        k = _view_index(cfg.eval_input, ds)
-        return ds, ds.views[k], ds.test_views[k]
-    if cfg.target != "cnn":
-        return ds, ds.raw, ds.raw_test
-    if ds.name != "digits":
-        raise BadInputError("cnn needs image inputs; the synthetic data has none (use mlp or logreg)",
-                            param="target")
-    a, b = ds.info["raw_images"]
-    return ds, a, b
-
-
-def _test_split(cfg: Config, ds: Dataset, views: list):
-    """The user's test split (test features + test labels): (train rows, test labels, test views)."""
-    if not (cfg.test_features and cfg.test_labels):
-        raise BadInputError("test features and test labels go together",
-                            param="test_labels" if cfg.test_features else "test_features")
-    if len(cfg.test_features) != len(views):
-        raise BadInputError(f"{len(cfg.test_features)} files for {len(views)} feature views", param="test_features")
-    idx = {c: i for i, c in enumerate(ds.class_names)}
-    try:
-        yte = np.asarray([idx[v.item() if hasattr(v, "item") else v] for v in io.load_labels(cfg.test_labels)],
-                         dtype=np.int64)
-    except KeyError as e:
-        raise BadInputError(f"{cfg.test_labels}: label {e.args[0]!r} does not occur in the training labels") from None
-    tviews = [np.asarray(io.load_features(f)) for f in cfg.test_features]
-    for f, v, tv in zip(cfg.test_features, views, tviews):
-        if tv.shape[0] != len(yte) or tv.shape[1] != v.shape[1]:
-            raise BadInputError(f"{f}: shape {tv.shape} does not match {len(yte)} test labels x {v.shape[1]} dims")
-    return np.arange(len(ds.labels)), yte, tviews
-
-
-def _holdout_split(cfg: Config, ds: Dataset, views: list):
-    """A stratified hold-out of the user's rows (`derive(seed, "subset", "holdout")`)."""
-    from sklearn.model_selection import train_test_split
-
-    tr, te = train_test_split(np.arange(len(ds.labels)), test_size=cfg.holdout, stratify=ds.labels,
-                              random_state=derive(cfg.seed, "subset", "holdout").int(32))
-    tr, te = np.sort(tr), np.sort(te)
-    return tr, te, ds.labels[te], [np.asarray(v[te]) for v in views]
-
-
-def _raw_inputs(cfg: Config, n: int, tr, te, n_test: int):
-    """The user's raw target-model inputs for eval_input raw (rows as the features)."""
-    if not cfg.raw:
-        raise BadInputError("raw needs the raw inputs file (raw, and raw_test with a test split)", param="eval_input")
-    R = np.load(cfg.raw, allow_pickle=False) if str(cfg.raw).endswith(".npy") else np.asarray(io.load_features(cfg.raw))
-    if R.shape[0] != n:
-        raise BadInputError(f"{cfg.raw}: {R.shape[0]} rows but the labels have {n}")
-    if te is not None:
-        return R[tr], R[te]
-    if not cfg.raw_test:
-        raise BadInputError("required with raw inputs and a test split", param="raw_test")
-    Rt = np.load(cfg.raw_test, allow_pickle=False)
-    if Rt.shape[0] != n_test:
-        raise BadInputError(f"{cfg.raw_test}: {Rt.shape[0]} rows but the test labels have {n_test}")
-    return R, Rt
-
-
-def eval_inputs(cfg: Config, ds: Dataset):
-    """Target-model train/test inputs and the train/test split for evaluation mode: (dataset, train, test)."""
-    if ds.name in EMBEDDED:
-        return _embedded_inputs(cfg, ds)
-    views = [v() if callable(v) else v for v in ds.views]
-    if cfg.test_features or cfg.test_labels:
-        tr, yte, tviews = _test_split(cfg, ds, views)
-        te = None
-    else:
-        tr, te, yte, tviews = _holdout_split(cfg, ds, views)
-    new = Dataset(name="user", views=[np.asarray(v[tr]) for v in views], view_names=ds.view_names,
-                  labels=ds.labels[tr], n_classes=ds.n_classes, test_labels=yte, test_views=tviews,
-                  class_names=ds.class_names, info={"train_rows": tr if te is not None else None})
-    if cfg.eval_input == "raw":
-        return (new,) + _raw_inputs(cfg, len(ds.labels), tr, te, len(yte))
-    k = _view_index(cfg.eval_input, new)
-    return new, new.views[k], new.test_views[k]
-
-
-# ------------------------------------------------------------------------------------------ the two modes
-def _select_mode(cfg: Config, ds: Dataset, engine: Engine) -> tuple[dict, dict]:
+def _select_mode(cfg: Config, ds: Dataset, engine: Engine, staged=None) -> tuple[dict, dict]:
     noisy = None
+    after = ""
     if cfg.noise > 0:
         ds.labels, noisy = inject_noise(ds.labels, ds.n_classes, cfg.noise,
                                         derive(cfg.seed, "subset", "noise").numpy())
         if np.any(Context(ds.labels, ds.n_classes).counts < 2):
             raise BadInputError("a class has fewer than two samples after label noise; lower it", param="noise")
-    res, art = run_select(cfg, ds, engine)
+        after = " after label noise"
+    check_budgets(np.bincount(ds.labels, minlength=ds.n_classes), cfg.rates, cfg.methods, ds.class_names, after)
+    _scan_unread(cfg, ds)
+    res, art = run_select(cfg, ds, engine, staged)
     res["dataset"] = ds.name
     picked = art.pop("_indices")
     if noisy is not None:
@@ -271,13 +279,11 @@ def _select_mode(cfg: Config, ds: Dataset, engine: Engine) -> tuple[dict, dict]:
 
 
 def _evaluate_mode(cfg: Config, ds: Dataset, engine: Engine, stream=None) -> tuple[dict, dict]:
-    if cfg.eval_input is None:
-        cfg = replace(cfg, eval_input="raw" if ds.name in EMBEDDED or cfg.raw else "view:0")
     ds2, tr_in, te_in = eval_inputs(cfg, ds)
     repeats = list(range(cfg.seeds))
     res = evaluate(cfg.methods, ds2.views, ds2.labels, ds2.n_classes, cfg.rates, tr_in, te_in, ds2.test_labels,
                    engine=engine, seed=cfg.seed, repeats=repeats, target=cfg.target, noise=cfg.noise, view=cfg.view,
-                   names=ds2.view_names, progress=engine.progress, stream=stream)
+                   names=ds2.view_names, progress=engine.progress, stream=stream, class_names=ds2.class_names)
     head = {"mode": "evaluate", "dataset": ds.name, "n_train": int(len(ds2.labels)),
             "n_test": int(len(ds2.test_labels)), "n_classes": int(ds2.n_classes),
             "extractors": [{"name": n, "dim": int(np.shape(v)[1])} for n, v in zip(ds2.view_names, ds2.views)],
@@ -289,13 +295,15 @@ def _evaluate_mode(cfg: Config, ds: Dataset, engine: Engine, stream=None) -> tup
 
 def run(cfg: Config, progress=None, stream=None) -> tuple[dict, dict]:
     """The whole command: embedded or user data; selection or evaluation mode. `progress(desc, done, total)`
-    and `stream(record)` (one record per repeat, method and rate while evaluating) are optional callbacks."""
+    and `stream(record)` (one record per repeat, method and rate while evaluating) are optional callbacks.
+    Output files are all written or none: their temporary files are made before any work and renamed at the
+    end (`io.StagedOutputs`)."""
     cfg = resolve(cfg)
     validate(cfg)
-    engine = Engine(cfg.device, chunk_rows=cfg.chunk_rows, progress=progress)
-    ds = load(cfg)
-    if not 0 <= cfg.view < len(ds.views):
-        raise BadInputError(f"{cfg.view}: there are only {len(ds.views)} feature views", param="view")
-    if cfg.evaluate:
-        return _evaluate_mode(cfg, ds, engine, stream)
-    return _select_mode(cfg, ds, engine)
+    with io.StagedOutputs(output_paths(cfg).values()) as staged:
+        engine = Engine(cfg.device, chunk_rows=cfg.chunk_rows, progress=progress)
+        ds = load(cfg)
+        check_noise(cfg.noise, ds.n_classes)
+        if cfg.evaluate:
+            return _evaluate_mode(cfg, ds, engine, stream)
+        return _select_mode(cfg, ds, engine, staged)

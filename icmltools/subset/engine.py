@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from icmltools.core.errors import BadInputError
+from .io import nonfinite_error
 
 
 class Engine:
@@ -61,8 +61,8 @@ class Engine:
             blk = self._block(X, s, e, wd)
             finite = t.isfinite(blk).all(dim=1)
             if not bool(finite.all()):
-                bad = s + int(t.nonzero(~finite)[0, 0])
-                raise BadInputError(f"{name}: row {bad} holds NaN or inf")
+                bad = int(t.nonzero(~finite)[0, 0])
+                raise nonfinite_error(name, s + bad, np.asarray(X[s + bad]))
             blk -= shift
             part = t.zeros(n_classes, d, dtype=wd, device=self.device).index_add_(0, lab[s:e], blk)
             sums += part.to(self.acc)

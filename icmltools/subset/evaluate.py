@@ -12,13 +12,13 @@ from typing import Sequence
 
 import numpy as np
 
-from icmltools.core.errors import BadInputError
+from icmltools.core.errors import BadInputError, RuntimeFailure
 from icmltools.core.seed import Stream, as_stream, derive
 
 from . import options
 from .data import inject_noise
 from .engine import Engine
-from .select import CITATIONS, Context, ram_apl_stats, run_method
+from .select import CITATIONS, Context, check_budgets, ram_apl_stats, run_method
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,11 @@ def _torch_target(target: str, Xtr, ytr, Xte, yte, n_classes: int, st: Stream, e
     for _ in range(steps):
         b = torch.randint(0, n, (min(n, 128),), generator=g) if target == "cnn" else slice(None)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(xtr[b]), yt[b]).backward()
+        loss = torch.nn.functional.cross_entropy(model(xtr[b]), yt[b])
+        loss.backward()
         opt.step()
+    if not bool(torch.isfinite(loss)):
+        raise RuntimeFailure(f"the {target} target model diverged (training loss {float(loss)}); rescale its inputs")
     model.eval()
     with torch.no_grad():
         pred = torch.cat([model(xte[i:i + 4096]).argmax(1) for i in range(0, len(xte), 4096)]).numpy()
@@ -107,16 +110,34 @@ def train_and_test(target: str, Xtr, ytr, Xte, yte, n_classes: int, seed: int | 
     return _torch_target(target, Xtr, ytr, Xte, yte, n_classes, st, epochs)
 
 
-def _one_repeat(k: int, rep: Stream, methods, views, clean, n_classes, rates, eval_train, eval_test, test_labels,
-                *, engine, target, noise, view, names, full_data, record) -> float | None:
-    """Repeat k: noise, selection with every method at every rate, one fit per subset (`record` gets each)."""
+def repeat_labels(clean: np.ndarray, n_classes: int, noise: float, rep: Stream):
+    """Repeat k's training labels: the clean ones, or with symmetric noise from `rep.child("noise")`."""
     if noise > 0:
-        y, noisy = inject_noise(clean, n_classes, noise, rep.child("noise").numpy())
-    else:
-        y, noisy = clean, np.zeros(len(clean), dtype=bool)
+        return inject_noise(clean, n_classes, noise, rep.child("noise").numpy())
+    return clean, np.zeros(len(clean), dtype=bool)
+
+
+def check_repeat_labels(drawn: list, n_classes: int, methods, rates, noise: float, class_names=None) -> None:
+    """Before any training: every class keeps two samples in every repeat, and every rate keeps at least one
+    sample of every class with every method (`select.check_budgets`, on the smallest size over repeats)."""
+    counts = np.min([np.bincount(y, minlength=n_classes) for y, _ in drawn], axis=0)
+    if np.any(counts < 2):
+        c = int(np.argmin(counts))
+        name = class_names[c] if class_names is not None else c
+        if noise > 0:
+            raise BadInputError(f"class {name!r} keeps {int(counts[c])} sample(s) after label noise in some repeat; "
+                                "every class needs two: lower it", param="noise")
+        raise BadInputError(f"class {name!r} has {int(counts[c])} sample(s) among the training rows; every class "
+                            "needs two", param="labels")
+    check_budgets(counts, rates, methods, class_names, after=" after label noise" if noise > 0 else "")
+
+
+def _one_repeat(k: int, rep: Stream, methods, views, labels, n_classes, rates, eval_train, eval_test, test_labels,
+                *, engine, target, view, names, full_data, record) -> float | None:
+    """Repeat k on its drawn (y, noisy) `labels`: selection with every method at every rate, one fit per subset
+    (`record` gets each)."""
+    y, noisy = labels
     ctx = Context(y, n_classes)
-    if np.any(ctx.counts < 2):
-        raise BadInputError("a class has fewer than two samples after label noise; lower it", param="noise")
     stats = ram_apl_stats(views, ctx, engine, names) if any(
         m in options.STATS_METHODS + ("min",) for m in methods) else None
     train = rep.child("train")
@@ -135,8 +156,11 @@ def _summarise(rows: dict, methods, noise: float) -> dict:
     out = []
     for (m, p), r in rows.items():
         a = np.asarray(r["accs"])
+        per = r["n_selected"]
         row = {"method": m, "rate": p, "test_acc": float(a.mean()), "test_acc_std": float(a.std(ddof=0)),
-               "test_accs": [float(x) for x in a], "n_selected": r["n_selected"]}
+               "test_accs": [float(x) for x in a],
+               # the mean over repeats, as test_acc; an integer unless label noise changes the class sizes
+               "n_selected": per[0] if len(set(per)) == 1 else float(np.mean(per)), "n_selected_per_seed": per}
         if noise > 0:
             row["noisy_fraction"] = float(np.mean(r["noisy"]))
         out.append(row)
@@ -150,11 +174,13 @@ def _summarise(rows: dict, methods, noise: float) -> dict:
 def evaluate(methods: Sequence[str], views: Sequence, labels: np.ndarray, n_classes: int, rates: Sequence[float],
              eval_train, eval_test, test_labels: np.ndarray, *, engine: Engine, seed: int = 0,
              repeats: Sequence[int] = (0, 1, 2), target: str = "logreg", noise: float = 0.0, view: int = 0,
-             names=None, full_data: bool = True, progress=None, stream=None) -> dict:
+             names=None, full_data: bool = True, progress=None, stream=None, class_names=None) -> dict:
     """For each repeat k: (optionally) inject symmetric label noise, select with every method at every rate,
     train the target on the subset (with its possibly noisy labels) and test on clean test labels.
 
-    Returns {"evaluation": [one row per (method, rate) with test_acc mean/std over repeats, ...], "full_data": ...}.
+    Every repeat's labels are drawn, and checked (`check_repeat_labels`), before any training.
+    Returns {"evaluation": [one row per (method, rate) with test_acc mean/std over repeats, n_selected (the mean
+    size) and n_selected_per_seed, ...], "full_data": ...}.
     """
     progress = progress or (lambda d, i, n: None)
     rows: dict = {}
@@ -162,7 +188,8 @@ def evaluate(methods: Sequence[str], views: Sequence, labels: np.ndarray, n_clas
     total = len(repeats) * len(methods) * len(rates)
 
     def record(k, m, sel, acc, noisy_frac):
-        r = rows.setdefault((m, sel.rate), {"accs": [], "noisy": [], "n_selected": int(len(sel.indices))})
+        r = rows.setdefault((m, sel.rate), {"accs": [], "noisy": [], "n_selected": []})
+        r["n_selected"].append(int(len(sel.indices)))
         r["accs"].append(acc)
         r["noisy"].append(noisy_frac)
         progress("evaluate", sum(len(v["accs"]) for v in rows.values()), total)
@@ -170,11 +197,13 @@ def evaluate(methods: Sequence[str], views: Sequence, labels: np.ndarray, n_clas
             stream({"seed": int(k), "method": m, "rate": sel.rate, "test_acc": acc,
                     "n_selected": int(len(sel.indices))})
 
+    streams = {int(k): repeat_stream(seed, int(k)) for k in repeats}
+    drawn = {k: repeat_labels(clean, n_classes, noise, rep) for k, rep in streams.items()}
+    check_repeat_labels(list(drawn.values()), n_classes, methods, rates, noise, class_names)
     full = []
-    for k in repeats:
-        f = _one_repeat(int(k), repeat_stream(seed, int(k)), methods, views, clean, n_classes, rates, eval_train,
-                        eval_test, test_labels, engine=engine, target=target, noise=noise, view=view, names=names,
-                        full_data=full_data, record=record)
+    for k, rep in streams.items():
+        f = _one_repeat(k, rep, methods, views, drawn[k], n_classes, rates, eval_train, eval_test, test_labels,
+                        engine=engine, target=target, view=view, names=names, full_data=full_data, record=record)
         full.append(f)
     res = _summarise(rows, methods, noise)
     if full_data:

@@ -66,3 +66,40 @@ class Config:
     include_indices: bool = True
     chunk_rows: int = 0
     device: str = "cpu"
+
+
+# options that apply to one situation only (Config field names; `jsonl` is the command's): `unused_options`
+# names those a resolved run does not use, so the command refuses them when given and leaves them out of the
+# envelope's params (which then show what ran)
+EVALUATE_ONLY = ("target", "eval_input", "test_features", "test_labels", "raw", "raw_test", "holdout", "seeds",
+                 "jsonl")
+SELECT_ONLY = ("indices_out", "scores_out", "include_indices")
+EMBEDDED_ONLY = ("dataset", "n_views")
+FEATURES_ONLY = ("labels", "test_features", "test_labels", "raw", "raw_test", "holdout")
+
+
+def unused_options(cfg: Config) -> dict:
+    """{option: why it does not apply} for a resolved `cfg` (evaluate and eval_input decided)."""
+    out: dict = {}
+
+    def add(names, why):
+        for n in names:
+            out.setdefault(n, why)
+
+    if cfg.features:
+        add(EMBEDDED_ONLY, "only used with the embedded data, not with feature files")
+    else:
+        add(FEATURES_ONLY, "only used with feature files (the embedded data brings its own)")
+    if not cfg.evaluate:
+        add(EVALUATE_ONLY, "only used when evaluating")
+        return out
+    add(SELECT_ONLY, "only used in selection mode (evaluation writes no subsets)")
+    if cfg.features:
+        if cfg.eval_input == "raw":
+            add(("test_features",), "not used when the target model reads raw inputs (their test rows are "
+                                    "the raw test file)")
+        else:
+            add(("raw", "raw_test"), f"not used when the target model reads a feature view ({cfg.eval_input})")
+        if cfg.test_labels:
+            add(("holdout",), "not used with a given test split")
+    return out

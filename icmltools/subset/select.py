@@ -20,6 +20,7 @@ from icmltools.core.errors import BadInputError
 
 from . import options
 from .engine import Engine
+from .io import nonfinite_error
 
 METHODS = options.METHODS
 
@@ -43,6 +44,44 @@ def check_rate(p: float) -> float:
     if not (0.0 < p <= 1.0) or not math.isfinite(p):
         raise BadInputError(f"{p} must lie in (0, 1]", param="rates")
     return p
+
+
+def _roundings(methods: Sequence[str]) -> tuple:
+    """The budget roundings `methods` use: round() for all, int() for moderate-DS."""
+    return ("round",) + (("int",) if "moderate" in methods else ())
+
+
+def min_rate(n: int, methods: Sequence[str]) -> float:
+    """The smallest rate with 3 significant digits at which every method keeps at least one of `n` samples
+    (round(n p) >= 1 needs n p > 0.5: round(0.5) is 0; moderate-DS's int(n p) >= 1 needs n p >= 1)."""
+    p = (1.0 if "moderate" in methods else 0.5) / n
+    e = math.floor(math.log10(p)) - 2  # q = k * 10^e, written as the decimal number a user would type
+
+    def dec(k: int) -> float:
+        return k * 10.0 ** e if e >= 0 else k / 10 ** -e
+
+    k = math.ceil(round(p / dec(1), 6))
+    while dec(k) < 1.0 and any(budgets([n], dec(k), r)[0] < 1 for r in _roundings(methods)):
+        k += 1
+    return min(dec(k), 1.0)
+
+
+def check_budgets(counts: np.ndarray, rates: Sequence[float], methods: Sequence[str], class_names=None,
+                  after: str = "") -> None:
+    """Refuse a rate at which some method keeps no sample of some class (a class-balanced subset without a
+    class trains a classifier that cannot predict it; no sample at all cannot train one): the error names
+    the class, its size and the smallest rate that keeps every class for this data."""
+    counts = np.asarray(counts)
+    c = int(np.argmin(counts))
+    n = int(counts[c])
+    for p in rates:
+        for r in _roundings(methods):
+            if budgets([n], p, r)[0] < 1:
+                name = class_names[c] if class_names is not None else c
+                f = "round" if r == "round" else "int"
+                raise BadInputError(
+                    f"{p:g} keeps no sample of class {name!r} ({n} samples{after}: {f}({n} x {p:g}) = 0); the "
+                    f"smallest rate that keeps every class here is {min_rate(n, methods):g}", param="rates")
 
 
 def _open(view):
@@ -111,6 +150,8 @@ def ram_apl_stats(views: Sequence, ctx: Context, engine: Engine, names: Sequence
         X = _open(v)
         means = engine.class_means(X, ctx.labels, ctx.n_classes, name=name)
         pred, own = engine.nearest_mean(X, ctx.labels, means, name=name)
+        if not np.all(np.isfinite(own)):
+            raise _overflow(name, X, np.flatnonzero(~np.isfinite(own))[:1])
         del X
         wrong += (pred != ctx.labels)
         rank_sum += within_class_rank(ctx, own)
@@ -228,6 +269,8 @@ def _own_class_distance(job: Job, ks: Sequence[int]) -> np.ndarray:
         X = _open(job.views[k])
         means = job.engine.class_means(X, job.ctx.labels, job.ctx.n_classes, name=job.view_name(k))
         _, own = job.engine.nearest_mean(X, job.ctx.labels, means, name=job.view_name(k))
+        if not np.all(np.isfinite(own)):
+            raise _overflow(job.view_name(k), X, np.flatnonzero(~np.isfinite(own))[:1])
         del X
         sq = own * own if sq is None else sq + own * own
     return np.sqrt(sq)
@@ -280,8 +323,10 @@ def _greedy(job: Job, order_fn, center: bool = True) -> list[Selection]:
     orders = []
     for c, g in enumerate(ctx.groups):
         Xc = eng.class_block(X, g, center=center)
-        if not bool(eng.torch.isfinite(Xc).all()):
+        ok = eng.torch.isfinite((Xc * Xc).sum(dim=1))
+        if not bool(ok.all()):
             _finite(np.asarray(X[g]), vname, g)
+            raise _overflow(vname, X, g[(~ok).nonzero()[:1, 0].cpu().numpy()])
         orders.append(g[order_fn(Xc, int(bmax[c]), len(g))])
         eng.progress(f"{job.name} ({vname})", c + 1, ctx.n_classes)
     return job.by_order(orders)
@@ -347,7 +392,15 @@ def run_method(method: str, views: Sequence, ctx: Context, rates: Sequence[float
 def _finite(F: np.ndarray, name: str, rows: np.ndarray) -> None:
     ok = np.all(np.isfinite(F), axis=1)
     if not ok.all():
-        raise BadInputError(f"{name}: row {int(rows[np.flatnonzero(~ok)[0]])} holds NaN or inf")
+        i = int(np.flatnonzero(~ok)[0])
+        raise nonfinite_error(name, int(rows[i]), F[i])
+
+
+def _overflow(name: str, X, rows) -> BadInputError:
+    """Finite features whose distances overflow the working precision (float32 for float32 files)."""
+    big = float(np.max(np.abs(np.asarray(X[np.asarray(rows)], dtype=np.float64))))
+    return BadInputError(f"{name}: distances overflow (values up to {big:.3g} near row {int(rows[0])}); rescale "
+                         "the features (or store them as float64)")
 
 
 def select_many(methods: Sequence[str], views: Sequence, labels: np.ndarray, n_classes: int,
