@@ -2,9 +2,8 @@
 
 Each row: exit code, exactly one line on stderr (no traceback), and no file left behind. Generic rows
 cover every command at once (every float option refuses NaN/inf; unknown options; outputs that cannot be
-written; Ctrl-C); command-specific rows follow in CASES. Add a row for every bad input you fix.
+written; Ctrl-C). Command-specific rows live in the `BAD_INPUTS` table of each command's test file.
 """
-import json
 import os
 import signal
 import subprocess
