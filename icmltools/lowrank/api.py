@@ -1,0 +1,53 @@
+"""What `icml lowrank` calls: the approximation study, the tabular protocol, the compressor, the demo."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from . import approx as _approx
+from . import compress as _compress
+from . import demo as _demo
+from . import uci as _uci
+from .options import ApproxConfig, CompressConfig, DemoConfig, UciConfig
+
+
+def approx(cfg: ApproxConfig, seed: int, device="cpu", progress=None, plot=None) -> dict:
+    """Classical vs low-rank nets on Hölder targets; `plot` writes error vs MACs to a PNG."""
+    res = _approx.run(cfg, seed, device, progress)
+    if plot:
+        _approx.plot(res, plot)
+        res["plot"] = str(plot)
+    return res
+
+
+def uci(cfg: UciConfig, seed: int, csv=None, target=None, depth=None, width=None, device="cpu", progress=None) -> dict:
+    return _uci.run(cfg, seed, csv, target, depth, width, device, progress)
+
+
+def compress(path, out_dir, cfg: CompressConfig, device="cpu", seed: int = 0, progress=None) -> dict:
+    return _compress.compress_checkpoint(path, out_dir, cfg, device=device, seed=seed, progress=progress)
+
+
+def validate_compress(cfg: CompressConfig) -> None:
+    _compress.validate(cfg)
+
+
+def demo(cfg: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
+    return _demo.run(cfg, seed, device, progress)
+
+
+def config_dict(cfg) -> dict:
+    return asdict(cfg)
+
+
+def approx_rows(res: dict) -> list[list]:
+    return [[r["beta"], r["width"], r["ratio"], r["params"], r["macs"], r["rel_rmse"], "*" if r.get("pareto") else ""]
+            for r in res["summary"]]
+
+
+def compress_rows(res: dict) -> list[list]:
+    return [[r["key"], "x".join(map(str, r["shape"])), r["rank"], r["rel_fro_err"], r["macs_before"], r["macs_factored"]]
+            for r in res["layers"]]
+
+
+def demo_rows(res: dict) -> list[list]:
+    return [[r["ratio"], r["macs"], r["rel_rmse_compressed"], r["rel_rmse_finetuned"]] for r in res["compress"]["ratios"]]
