@@ -32,13 +32,20 @@ def run_cli():
     return _run
 
 
+def snapshot(root) -> set:
+    """Every path (files and folders) under `root`."""
+    from pathlib import Path
+
+    return {p.resolve() for p in Path(root).rglob("*")}
+
+
 @pytest.fixture
 def check_bad_input():
     """The bad-input contract (tests/test_bad_inputs.py and each command's BAD_INPUTS table): the exit code,
     exactly one non-empty stderr line `Error: ...` (containing `needle`), no traceback, nothing on stdout,
-    and no file left under `root` (files present before the call, `keep`, are allowed)."""
+    and nothing left under `root` that was not there before (`before`: a `snapshot(root)` taken first)."""
 
-    def check(res, code: int, needle: str | None = None, root=None, keep=()):
+    def check(res, code: int, needle: str | None = None, root=None, before=frozenset()):
         assert res.exit_code == code, (res.exit_code, res.stdout[-500:], res.stderr[-1000:])
         lines = [x for x in res.stderr.splitlines() if x.strip()]
         assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
@@ -46,11 +53,9 @@ def check_bad_input():
         if needle is not None:
             assert needle in lines[0], (needle, lines[0])
         if root is not None:
-            from pathlib import Path
-
-            keep = {Path(k).resolve() for k in keep}
-            left = [p for p in Path(root).rglob("*") if p.is_file() and p.resolve() not in keep]
-            assert not left, left
+            left = sorted(str(p) for p in snapshot(root) - set(before))
+            assert not left, f"left behind: {left}"
         return lines[0]
 
+    check.snapshot = snapshot
     return check

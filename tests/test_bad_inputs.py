@@ -74,14 +74,16 @@ OUT_INTO_A_FILE = {  # a command that makes a run folder, pointed under a regula
 @pytest.mark.parametrize("name", sorted(OUT_INTO_A_FILE))
 def test_unwritable_run_folder_names_the_users_path(name, in_tmp, check_bad_input):
     (in_tmp / "afile").write_text("x")
+    before = check_bad_input.snapshot(in_tmp)
     res = CliRunner().invoke(cli, [name, "-q", "--threads", "1", *OUT_INTO_A_FILE[name], "--out", "afile/run"])
-    check_bad_input(res, 1, "cannot write afile/run: not a directory", root=in_tmp, keep=[in_tmp / "afile"])
+    check_bad_input(res, 1, "cannot write afile/run: not a directory", root=in_tmp, before=before)
 
 
 def test_unwritable_output_file_names_the_users_path(in_tmp, check_bad_input):
     (in_tmp / "afile").write_text("x")
+    before = check_bad_input.snapshot(in_tmp)
     res = CliRunner().invoke(cli, ["onemax-sim", "--mode", "worst-case", "--plot", "afile/p.png"])
-    line = check_bad_input(res, 1, "cannot write afile/p.png", root=in_tmp, keep=[in_tmp / "afile"])
+    line = check_bad_input(res, 1, "cannot write afile/p.png", root=in_tmp, before=before)
     assert ".tmp" not in line
 
 

@@ -316,7 +316,7 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("argv,code,needle", BAD_INPUTS, ids=[" ".join(a) for a, _, _ in BAD_INPUTS])
-def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch):
+def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch, check_bad_input):
     from click.testing import CliRunner
 
     from icmltools.commands.cli import cli
@@ -324,10 +324,6 @@ def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch):
     for name, doc in _bad_files(tmp_path).items():
         _write(tmp_path, doc, name)
     monkeypatch.chdir(tmp_path)
-    before = sorted(p.name for p in tmp_path.rglob("*"))
+    before = check_bad_input.snapshot(tmp_path)
     r = CliRunner().invoke(cli, ["dsgda", *argv])
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert r.exit_code == code, (r.exit_code, r.stderr)
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
-    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    check_bad_input(r, code, needle, root=tmp_path, before=before)

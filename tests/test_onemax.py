@@ -350,19 +350,14 @@ def price_files(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("argv,code,msg", [pytest.param(*row, id=" ".join(row[0])) for row in BAD_INPUTS])
-def test_bad_inputs(price_files, argv, code, msg):
+def test_bad_inputs(price_files, argv, code, msg, check_bad_input):
     from click.testing import CliRunner
 
     from icmltools.commands.cli import cli
 
-    before = sorted(p for p in price_files.rglob("*"))
+    before = check_bad_input.snapshot(price_files)
     res = CliRunner().invoke(cli, ["onemax-sim", *argv], input="")
-    assert res.exit_code == code, (res.exit_code, res.stdout[-300:], res.stderr[-1000:])
-    lines = [x for x in res.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
-    assert msg in lines[0], (msg, lines[0])
-    assert "Traceback" not in res.stderr and res.stdout == ""
-    assert sorted(p for p in price_files.rglob("*")) == before  # no plot, run folder or temp file left
+    check_bad_input(res, code, msg, root=price_files, before=before)  # no plot, run folder or temp file left
 
 
 # ------------------------------------------------------------------------------------------ the house pattern

@@ -250,19 +250,15 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("argv,code,needle", BAD_INPUTS, ids=[" ".join(r[0][1:4]) + f" {i}" for i, r in enumerate(BAD_INPUTS)])
-def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch):
+def test_bad_inputs(argv, code, needle, tmp_path, monkeypatch, check_bad_input):
     from icmltools.commands.cli import cli
 
     monkeypatch.chdir(tmp_path)
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
-    before = set(p.name for p in tmp_path.iterdir())
+    before = check_bad_input.snapshot(tmp_path)
     res = CliRunner().invoke(cli, argv)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert res.exit_code == code, (res.exit_code, res.stderr)
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], res.stderr
-    assert "Traceback" not in res.output and res.stdout == ""
-    assert set(p.name for p in tmp_path.iterdir()) == before  # nothing written (no run folder left)
+    check_bad_input(res, code, needle, root=tmp_path, before=before)  # nothing written (no run folder left)
 
 
 def test_gradient_play_reaches_the_best_response_equilibrium(demo):
