@@ -13,5 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reopt": ("reopt", "VP-OR-style reoptimization of modified MILPs on SCIP, with baselines, generators, bench."),
     "dsgda": ("dsgda", "Decoupled SGDA: local steps against stale opponents in games, vs GDA/EG/OGDA/Local SGDA."),
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
+    "lowrank": ("lowrank", "Low-rank Swish networks: error vs compute on smooth targets, tabular CV, SVD compression of checkpoints."),
     "shap-pay": ("shap_pay", "M^Shap reciprocally fair federated-learning payments: Shapley payments and equilibria vs M0."),
+    "kpass": ("kpass", "Advantages for pass@k / majority-vote RL training (leave-one-out), as a JSONL transform, checks, demo."),
 }

@@ -26,7 +26,9 @@ FAST_ARGS = {
     "reopt": ["demo", "--time-limit", "0.5"],
     "dsgda": ["run", "--coupling", "0.1", "--local-steps", "10", "--methods", "decoupled,gda"],
     "goskill": ["--tasks", "toy-a,toy-b", "--episodes", "2", "--max-steps", "10", "-H", "5", "--extract-iters", "4", "--enhance-iters", "2", "--policy-iters", "2", "--bc-iters", "2", "--eval-episodes", "1"],
+    "lowrank": ["approx", "--widths", "8", "--ratios", "full,1/2", "--epochs", "1", "--n-train", "64", "--n-test", "64"],
     "shap-pay": ["equilibrium", "--n", "4", "--mechanism", "shap,none"],
+    "kpass": ["check", "--quick"],
 }
 
 

@@ -27,6 +27,15 @@ def compress(path, out_dir, cfg: CompressConfig, device="cpu", seed: int = 0, pr
     return _compress.compress_checkpoint(path, out_dir, cfg, device=device, seed=seed, progress=progress)
 
 
+def validate_approx(cfg: ApproxConfig) -> None:
+    _approx.validate(cfg)
+
+
+def compress_demo(cfg: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
+    """The compression half of the demo only (a trained classical net, several ratios, fine-tuning)."""
+    return _demo.compress_part(cfg, seed, device, progress)
+
+
 def validate_compress(cfg: CompressConfig) -> None:
     _compress.validate(cfg)
 

@@ -22,8 +22,9 @@ def validate(cfg: ApproxConfig) -> list:
     for name, v in (("widths", cfg.widths), ("betas", cfg.betas), ("ratios", cfg.ratios)):
         if not v:
             raise BadInputError("give at least one value", param=name)
-    if any(int(w) < 1 for w in cfg.widths):
-        raise BadInputError("widths must be positive", param="widths")
+    if any(float(w) != int(w) or int(w) < 1 for w in cfg.widths):
+        raise BadInputError(f"widths must be positive integers, got {', '.join(f'{w:g}' for w in cfg.widths)}",
+                            param="widths")
     if cfg.depth < 2:
         raise BadInputError(f"must be >= 2 (a hidden-to-hidden layer to factor), got {cfg.depth}", param="depth")
     return [(str(r), parse_ratio(r)) for r in cfg.ratios]

@@ -93,8 +93,7 @@ def read_checked(reader: CheckpointReader, name: str):
     """One tensor, refused if any float element is NaN/inf (named, with the count)."""
     t = reader.get(name)
     if is_float_dtype(t.dtype) and not all_finite(t):
-        raise BadInputError(f"{reader.path}: tensor {name!r} has {count_non_finite(t)} non-finite values (NaN/inf)",
-                            param="checkpoint")
+        raise BadInputError(f"{reader.path}: tensor {name!r} has {count_non_finite(t)} non-finite values (NaN/inf)")
     return t
 
 
@@ -153,7 +152,7 @@ def layout(p: Plan) -> tuple[OutputLayout, dict, dict]:
             for name, shape, kind in items:
                 if name in specs:
                     raise BadInputError(f"{rd.path}: output tensor {name!r} would be written twice (the checkpoint "
-                                        "already has a factored name)", param="checkpoint")
+                                        "already has a factored name)")
                 specs[name] = TensorSpec(name, s.dtype, shape)
                 source[name] = (kind, n)
                 out_names.append(name)
@@ -180,6 +179,9 @@ def layer_row(key: str, shape, f: svd.Factors, bias: bool) -> dict:
             "macs_before": o * i, "macs_factored": f.rank * (o + i)}
 
 
+PIECES = {"down": lambda f: f.down, "up": lambda f: f.up, "dense": lambda f: f.up @ f.down}
+
+
 def execute(p: Plan, out_path: Path, *, device="cpu", seed: int = 0, record: dict | None = None,
             progress=None) -> dict:
     """Write the output tensor by tensor in the writer's order; factors live until their pair is written."""
@@ -196,9 +198,7 @@ def execute(p: Plan, out_path: Path, *, device="cpu", seed: int = 0, record: dic
                 if cur is None or cur[0] != src:
                     cur = (src, factor(read_checked(rd, src), src, p.ranks[src], p.cfg, device, seed))
                     rows.append(layer_row(src, rd.specs[src].shape, cur[1], bias_key(rd, src) is not None))
-                f = cur[1]
-                t = {"down": lambda: f.down, "up": lambda: f.up, "dense": lambda: f.up @ f.down}[kind]()
-                t = t.to("cpu", rd.specs[src].dtype)
+                t = PIECES[kind](cur[1]).to("cpu", rd.specs[src].dtype)
             w.write(name, t)
             del t
             if progress:

@@ -44,10 +44,14 @@ def _map(res: dict) -> dict:
     return json.loads(Path(res["map"]).read_text())
 
 
-def run(dc: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
-    """Both halves: the sweep (beta 1.5) and compression + fine-tuning of the classical W = demo_width net."""
-    acfg = ApproxConfig(widths=dc.widths, ratios=dc.ratios, train=TrainConfig(epochs=dc.epochs))
-    study = approx.run(acfg, seed, device, progress)
+def demo_config(dc: DemoConfig) -> ApproxConfig:
+    return ApproxConfig(widths=dc.widths, ratios=dc.ratios, train=TrainConfig(epochs=dc.epochs))
+
+
+def compress_part(dc: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
+    """Train the classical W = demo_width net on the rep-0 beta-1.5 data, compress it at each ratio through a
+    file, evaluate, fine-tune (AdamW, lr finetune_lr, finetune_epochs), evaluate again."""
+    acfg = demo_config(dc)
     data = approx.make_data(acfg, seed, 0, acfg.betas[0])
     xtr, ytr, xte, yte = (torch.as_tensor(a, dtype=torch.float32, device=device) for a in data)
     cfg = replace(acfg, widths=(dc.demo_width,))
@@ -56,12 +60,12 @@ def run(dc: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
     train(net, xtr, ytr[:, None], loss="mse", epochs=dc.epochs, lr=cfg.train.lr, batch=cfg.train.batch,
           gen=derive(seed, "demo", "batches").torch(str(device)), schedule=step_schedule(dc.epochs, cfg.train.warmup))
     rows = []
+    probe = torch.rand(256, cfg.dim, generator=derive(seed, "demo", "probe").torch()).to(device)
     with tempfile.TemporaryDirectory(prefix="icml-lowrank-") as tmp:
         for ratio in dc.compress_ratios:
             small, res = compress_one(net, cfg, ratio, Path(tmp), seed, device)
-            x = torch.rand(256, cfg.dim, generator=derive(seed, "demo", "probe").torch(), device="cpu").to(device)
             with torch.no_grad():
-                max_diff = float((small(x) - net(x)).abs().max())
+                max_diff = float((small(probe) - net(probe)).abs().max())
             before = rel_rmse(small, xte, yte)
             train(small, xtr, ytr[:, None], loss="mse", epochs=dc.finetune_epochs, lr=dc.finetune_lr,
                   batch=cfg.train.batch, gen=derive(seed, "demo", "finetune", f"{ratio:.4f}").torch(str(device)),
@@ -72,5 +76,11 @@ def run(dc: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
                          "rel_rmse_compressed": before, "rel_rmse_finetuned": rel_rmse(small, xte, yte)})
             if progress:
                 progress("compress demo", len(rows), len(dc.compress_ratios))
-    return {"approx": study, "compress": {"width": dc.demo_width, "macs": cost(net)["macs"],
-                                          "rel_rmse": rel_rmse(net, xte, yte), "ratios": rows}}
+    return {"width": dc.demo_width, "depth": cfg.depth, "macs": cost(net)["macs"], "rel_rmse": rel_rmse(net, xte, yte),
+            "ratios": rows}
+
+
+def run(dc: DemoConfig, seed: int, device="cpu", progress=None) -> dict:
+    """Both halves: the sweep (beta 1.5) and compression + fine-tuning of the classical W = demo_width net."""
+    return {"approx": approx.run(demo_config(dc), seed, device, progress),
+            "compress": compress_part(dc, seed, device, progress)}

@@ -146,10 +146,10 @@ def load_factored(model: nn.Module, state: dict, lowrank_map: dict | None = None
     if missing or extra:
         k = (missing or extra)[0]
         raise BadInputError(f"{source}: tensor {k!r} is {'missing' if missing else 'not in the model'}"
-                            f" ({len(missing)} missing, {len(extra)} extra)", param="checkpoint")
+                            f" ({len(missing)} missing, {len(extra)} extra)")
     for k, v in want.items():
         if tuple(state[k].shape) != tuple(v.shape):
             raise BadInputError(f"{source}: tensor {k!r} has shape {list(state[k].shape)}, the model expects "
-                                f"{list(v.shape)}", param="checkpoint")
+                                f"{list(v.shape)}")
     model.load_state_dict(state, strict=True)
     return model

@@ -141,6 +141,11 @@ def folds(data: dict, k: int, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return list(KFold(k).split(data["x"]))
 
 
+def warmup_epochs(cfg: UciConfig) -> int:
+    """The official 10 of 50 warm-up epochs; shorter runs keep the same fifth (at least one epoch)."""
+    return cfg.warmup_epochs if cfg.epochs >= UciConfig.epochs else max(1, min(cfg.warmup_epochs, cfg.epochs // 5))
+
+
 def fit_fold(data: dict, tr, te, depth: int, width: int, rank, cfg: UciConfig, seed: int, fold: int, variant: str,
              device="cpu") -> float:
     """Train on fold `fold`'s training rows, score the held-out rows: accuracy or RMSE (scaled target)."""
@@ -154,7 +159,7 @@ def fit_fold(data: dict, tr, te, depth: int, width: int, rank, cfg: UciConfig, s
     tri, tei = torch.as_tensor(tr, device=device), torch.as_tensor(te, device=device)
     batch = max(1, min(int(len(data["y"]) / 10), cfg.max_batch))
     train(net, x[tri], y[tri], loss="ce" if cls else "mse", epochs=cfg.epochs, lr=cfg.lr, batch=batch, gen=gen,
-          schedule=epoch_schedule(cfg.epochs, cfg.warmup_epochs))
+          schedule=epoch_schedule(cfg.epochs, warmup_epochs(cfg)))
     with torch.no_grad():
         out = net(x[tei])
     score = float((out.argmax(1) == y[tei]).float().mean()) if cls else float(((out - y[tei]) ** 2).mean().sqrt())
