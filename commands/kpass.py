@@ -77,7 +77,7 @@ def transform(ctx, objective, k, estimator, in_path, out_path, reward_key, answe
     api.validate_transform(cfg)
     reader, name, sink = api.open_streams(in_path, out_path)
     to_file = out_path != "-"
-    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",),
+    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",), seed_torch=False,
                            reference=options.REFERENCE, writes=to_file, param_flags={"input": "--in"}) as run:
         with run.timer.phase("transform_s"):
             summary = api.transform(cfg, reader, name, sink)
@@ -102,7 +102,7 @@ def check(ctx, quick, seed, threads, quiet, verbose):
     from icmltools.core.errors import RuntimeFailure
     from icmltools.kpass import api
 
-    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",),
+    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",), seed_torch=False,
                            reference=options.REFERENCE) as run:
         with run.timer.phase("checks_s"):
             run.result = api.check(seed, quick)
@@ -137,7 +137,7 @@ def demo(ctx, task, steps, k, batch, lr, eval_every, maj_votes, reps, runs, plot
 
     cfg = DC(task=task, steps=steps, k=k, batch=batch, lr=lr, eval_every=eval_every, maj_votes=maj_votes,
              reps=reps, runs=tuple(runs))
-    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",),
+    with common.CommandRun(ctx, "kpass", seed=seed, threads=threads, packages=("numpy",), seed_torch=False,
                            reference=options.REFERENCE) as run:
         with run.progress() as progress, run.timer.phase("demo_s"):
             run.result = api.demo(cfg, seed, progress)
