@@ -167,9 +167,11 @@ def compress(ctx, checkpoint, rank_ratio, energy, svd, fmt, out_format, include,
                 run.result = api.compress_demo(DemoConfig(), seed, run.device, cb)
             return
         api.validate_compress(cfg)
+        with run.timer.phase("plan_s"):
+            plan = api.prepare_compress(checkpoint, cfg, run.device)
         d = run.make_dir(out, config=api.config_dict(cfg))
         with run.timer.phase("compress_s"), run.progress() as cb:
-            run.result = api.compress(checkpoint, d, cfg, run.device, seed, cb)
+            run.result = api.compress(plan, d, run.device, seed, cb)
         run.artifacts.update(checkpoint=run.result["output"], map=run.result["map"])
         run.table("lowrank compress", ["key", "shape", "rank", "rel_fro_err", "MACs", "factored"], api.compress_rows(run.result))
 

@@ -23,8 +23,14 @@ def uci(cfg: UciConfig, seed: int, csv=None, target=None, depth=None, width=None
     return _uci.run(cfg, seed, csv, target, depth, width, device, progress)
 
 
-def compress(path, out_dir, cfg: CompressConfig, device="cpu", seed: int = 0, progress=None) -> dict:
-    return _compress.compress_checkpoint(path, out_dir, cfg, device=device, seed=seed, progress=progress)
+def prepare_compress(path, cfg: CompressConfig, device="cpu"):
+    """Open and plan (every input error is raised here, before the command creates its run folder)."""
+    return _compress.prepare(path, cfg, device)
+
+
+def compress(plan, out_dir, device="cpu", seed: int = 0, progress=None) -> dict:
+    """Write the planned compression into `out_dir`."""
+    return _compress.run_plan(plan, out_dir, device=device, seed=seed, progress=progress)
 
 
 def validate_approx(cfg: ApproxConfig) -> None:

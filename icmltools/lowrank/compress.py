@@ -222,8 +222,23 @@ def totals(rows: list[dict], in_specs: dict, out_specs: dict, secs: float, fmt: 
 OUT_NAMES = {"safetensors": "compressed.safetensors", "torch": "compressed.pt"}
 
 
+def prepare(path, cfg: CompressConfig, device="cpu") -> Plan:
+    """Open the checkpoint and plan every rank (all input errors surface here, before any output exists)."""
+    rd = open_checkpoint(path)
+    try:
+        return plan(rd, cfg, device)
+    except BaseException:
+        rd.close()
+        raise
+
+
 def compress_checkpoint(path, out_dir, cfg: CompressConfig, *, device="cpu", seed: int = 0, progress=None) -> dict:
     """Open, plan, write `compressed.*` and `lowrank_map.json` into `out_dir` (both or neither)."""
+    return run_plan(prepare(path, cfg, device), out_dir, device=device, seed=seed, progress=progress)
+
+
+def run_plan(p: Plan, out_dir, *, device="cpu", seed: int = 0, progress=None) -> dict:
+    """Write the planned output (closes the reader)."""
     import json
 
     from icmltools.core.jsonio import atomic_path
@@ -231,8 +246,8 @@ def compress_checkpoint(path, out_dir, cfg: CompressConfig, *, device="cpu", see
     from .options import MAP_NAME
 
     t0 = time.perf_counter()
-    with open_checkpoint(path) as rd:
-        p = plan(rd, cfg, device)
+    cfg = p.cfg
+    with p.reader as rd:
         out_path = Path(out_dir) / OUT_NAMES.get(p.fmt, "compressed")
         record = {"method": "lowrank-svd", "source": str(rd.path), "format": cfg.fmt, "svd": cfg.svd,
                   "rank_ratio": cfg.rank_ratio, "energy": cfg.energy, "seed": seed}
