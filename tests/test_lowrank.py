@@ -233,9 +233,10 @@ def test_bad_ratios():
 
 @pytest.mark.slow
 def test_classical_w128_reaches_the_acceptance_error():
-    """Spec acceptance: classical W = 128, beta = 1.5 reaches rel_rmse < 0.1 (default 60 epochs). Low-rank vs
-    classical is reported, not asserted."""
-    cfg = ApproxConfig(widths=(128,), ratios=("full",))
+    """Spec acceptance: classical W = 128, beta = 1.5 reaches rel_rmse < 0.1 under the spec's training protocol
+    (100 epochs; the 60-epoch default of the quick sweep gives 0.115 on seed 0). Low-rank vs classical is
+    reported, not asserted."""
+    cfg = ApproxConfig(widths=(128,), ratios=("full",), train=TrainConfig(epochs=100))
     res = approx.run(cfg, 0)
     assert res["summary"][0]["rel_rmse"] < 0.1
 

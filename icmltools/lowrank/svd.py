@@ -81,9 +81,10 @@ def randomized(w: torch.Tensor, rank: int, oversample: int, niter: int, stream) 
 
 
 def measured_error(w: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> float:
-    """||W - up down||_F / ||W||_F (one residual the size of W)."""
-    nw = float(torch.linalg.matrix_norm(w))
-    if nw == 0:
+    """||W - A B||_F / ||W||_F without a W-sized residual: ||W||^2 - 2 <A'W, B> + <A'A, B B'> (in float64)."""
+    nw2 = float(w.double().square().sum()) if w.numel() < 1 << 22 else float(torch.linalg.matrix_norm(w)) ** 2
+    if nw2 == 0:
         return 0.0
-    r = torch.addmm(w, up, down, alpha=-1)
-    return float(torch.linalg.matrix_norm(r)) / nw
+    cross = float((up.T @ w).double().mul_(down.double()).sum())
+    gram = float((up.T.double() @ up.double()).mul_(down.double() @ down.T.double()).sum())
+    return max(nw2 - 2 * cross + gram, 0.0) ** 0.5 / nw2 ** 0.5
