@@ -225,3 +225,16 @@ def test_summary_table_on_a_terminal_only_and_json_unchanged(monkeypatch):
     buf.truncate(0)
     r = _invoke(tb, ["-q"])
     assert r.exit_code == 0 and "smooth" not in buf.getvalue()
+
+
+def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
+    import subprocess
+    import sys
+
+    code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None)\n"
+            "from icmltools.core.device import set_threads; set_threads(1)\n"
+            "print('torch' in sys.modules)\n"
+            "import torch; print(torch.get_num_threads())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "1"]

@@ -85,11 +85,9 @@ def set_threads(n: int | None) -> int | None:
         threadpool_limits(limits=n)
     except ImportError:  # pragma: no cover - threadpoolctl is a declared dependency
         pass
-    try:
-        import torch
+    import sys
 
-        if torch.get_num_threads() != n:
-            torch.set_num_threads(n)
-    except ImportError:  # pragma: no cover
-        pass
+    torch = sys.modules.get("torch")  # a command that never loads torch does not pay its 3 s import; one that
+    if torch is not None and torch.get_num_threads() != n:  # loads it later reads OMP_NUM_THREADS set above
+        torch.set_num_threads(n)
     return n
