@@ -347,3 +347,14 @@ def test_no_heavy_import_in_options():
     code = "import sys, icmltools.lowrank.options; print(any(m in sys.modules for m in ('torch', 'numpy', 'scipy')))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     assert math.isclose(options.DEFAULT_RANK_RATIO, 1 / 3)
+
+
+def test_measured_error_keeps_small_errors():
+    """A nearly low-rank matrix: the randomized error (measured) is small but never below the exact one (an
+    expanded-norm formula lost it to float32 rounding and reported 0)."""
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(512, 128, generator=g) @ torch.randn(128, 512, generator=g) + 0.01 * torch.randn(512, 512, generator=g)
+    ex = svd.exact(w, 170)
+    rnd = svd.randomized(w, 170, 10, 2, derive(0, "small"))
+    assert 0 < ex.rel_fro_err < 0.01 and rnd.rel_fro_err >= ex.rel_fro_err - 1e-7
+    assert abs(svd.measured_error(w, ex.up, ex.down) - ex.rel_fro_err) < 1e-6
