@@ -1,0 +1,274 @@
+"""Per-layer numerics of GuidedQuant: the layer objective, damping, LNQ (P-step, C-step), the SqueezeLLM
+weighted k-means init, GPTQ and RTN. Torch tensors in, torch tensors out; nothing here draws random numbers.
+
+Shapes: W (d_out, d_in); H (G, d_in, d_in), one Hessian per group of d_out / G contiguous output rows;
+labels (d_out, d_in) int64; codebook C (d_out, K = 2^b).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from icmltools.core.errors import BadInputError
+
+from .options import QuantConfig
+
+
+def grouped(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """(d_out, ...) -> (G, d_out / G, ...): rows of group g are the g-th contiguous block."""
+    return x.reshape(groups, x.shape[0] // groups, *x.shape[1:])
+
+
+def effective_groups(d_out: int, groups: int) -> int:
+    """The largest divisor of d_out not above `groups` (the official code asserts divisibility)."""
+    return max(g for g in range(1, min(groups, d_out) + 1) if d_out % g == 0)
+
+
+def dequant(C: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """W_hat[i, j] = C[i, labels[i, j]]."""
+    return torch.gather(C, 1, labels)
+
+
+def objective(W: torch.Tensor, W_hat: torch.Tensor, H: torch.Tensor) -> float:
+    """f = (1/d_out) sum_g sum_{rows i in g} (w_hat_i - w_i)^T H_g (w_hat_i - w_i), in float64 (spec; the
+    official `objective_function` divides by d_out / G instead, a constant factor)."""
+    D = grouped((W_hat - W).double(), H.shape[0])
+    return float(((D @ H.double()) * D).sum() / W.shape[0])
+
+
+def damp_hessians(H: torch.Tensor, layer: str, damp0: float = 1e-5) -> tuple[torch.Tensor, list[float]]:
+    """LNQ damping (official `train_least_squares`): per group, while Cholesky fails add
+    damp * mean(diag H_g) with damp = damp0, 10 damp0, ... (total, not cumulative); fail above 1."""
+    H = H.clone()
+    used = []
+    idx = torch.arange(H.shape[1], device=H.device)
+    for g in range(H.shape[0]):
+        mean_diag = float(H[g, idx, idx].mean())
+        damp, prev = damp0, 0.0
+        while int(torch.linalg.cholesky_ex(H[g])[1]) != 0:
+            if damp > 1.0 or not mean_diag > 0 or not math.isfinite(mean_diag):
+                raise BadInputError(f"layer {layer}: Hessian of group {g} is not positive definite after damping "
+                                    f"1 x mean diagonal (mean diagonal {mean_diag:.3g}; dead inputs?)", param="model")
+            H[g, idx, idx] += (damp - prev) * mean_diag
+            prev, damp = damp, damp * 10
+        used.append(prev)
+    return H, used
+
+
+# --------------------------------------------------------------------------------------------- LNQ
+
+
+def _nearest(t: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """Index of the codeword nearest to t (first on ties): t (..., ), C (..., K)."""
+    return (t.unsqueeze(-1) - C).abs().argmin(dim=-1)
+
+
+def p_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cd_cycles: int = 4,
+           block: int = 128) -> torch.Tensor:
+    """LNQ P-step (Alg. 1, official `update_P`): `cd_cycles` sweeps of exact coordinate minimisation over the
+    columns j = 0..d_in-1, all rows at once: t = w_j - sum_{k != j} (w_hat_k - w_k) Hn[k, j] with
+    Hn = H_g / diag(H_g) per column, w_hat_j = nearest codeword. Lazy blocks of `block` columns: the
+    contributions of the other columns come from one matmul per block, those inside it are added as it goes."""
+    G = H.shape[0]
+    d = W.shape[1]
+    diag = torch.diagonal(H, dim1=1, dim2=2)
+    Hn = H / diag.unsqueeze(1)                       # column j divided by H[j, j]
+    Hoff = Hn.clone()
+    Hoff.diagonal(dim1=1, dim2=2).zero_()
+    Wg, Cg = grouped(W, G), grouped(C, G)
+    lab = grouped(labels.clone(), G)
+    D = torch.gather(Cg, 2, lab) - Wg                # (G, gs, d): w_hat - w
+    for _ in range(cd_cycles):
+        for s in range(0, d, block):
+            e = min(s + block, d)
+            B = torch.bmm(D, Hoff[:, :, s:e])        # (G, gs, e - s)
+            for j in range(s, e):
+                new = _nearest(Wg[:, :, j] - B[:, :, j - s], Cg)
+                lab[:, :, j] = new
+                dj = torch.gather(Cg, 2, new.unsqueeze(-1)).squeeze(-1) - Wg[:, :, j]
+                if j + 1 < e:
+                    B[:, :, j + 1 - s:] += (dj - D[:, :, j]).unsqueeze(-1) * Hoff[:, j:j + 1, j + 1:e]
+                D[:, :, j] = dj
+    return lab.reshape(labels.shape)
+
+
+def p_step_plain(W, H, labels, C, cd_cycles: int = 4):
+    """The straightforward per-column numpy P-step (same sweep, one matrix-vector product per column):
+    the baseline of benchmarks/guidedquant_layers.py and a reference in the tests."""
+    import numpy as np
+
+    W, H, C = (np.asarray(x, dtype=np.float64) for x in (W, H, C))
+    lab = np.array(labels, dtype=np.int64)
+    G, d = H.shape[0], W.shape[1]
+    gs = W.shape[0] // G
+    for g in range(G):
+        rows = slice(g * gs, (g + 1) * gs)
+        Hn = H[g] / np.diag(H[g])[None, :]
+        Wg, Cg = W[rows], C[rows]
+        D = np.take_along_axis(Cg, lab[rows], 1) - Wg
+        r = np.arange(gs)
+        for _ in range(cd_cycles):
+            for j in range(d):
+                t = Wg[:, j] - (D @ Hn[:, j] - D[:, j] * Hn[j, j])
+                new = np.abs(t[:, None] - Cg).argmin(axis=1)
+                lab[rows, j] = new
+                D[:, j] = Cg[r, new] - Wg[:, j]
+    return lab
+
+
+def c_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, K: int, reg: float = 1e-7,
+           chunk: int = 256) -> torch.Tensor:
+    """LNQ C-step (official `update_C`): per row, c = argmin (P c - w)^T H_g (P c - w) + reg |c|^2, i.e.
+    (P^T H_g P + reg I) c = P^T H_g w with P the one-hot assignment (d_in x K); solved in float64. A codeword
+    no entry uses gets 0."""
+    G, d = H.shape[0], W.shape[1]
+    gs = W.shape[0] // G
+    out = torch.empty(W.shape[0], K, dtype=W.dtype, device=W.device)
+    eye = reg * torch.eye(K, dtype=torch.float64, device=W.device)
+    for g in range(G):
+        for r0 in range(g * gs, (g + 1) * gs, chunk):
+            r1 = min(r0 + chunk, (g + 1) * gs)
+            P = torch.nn.functional.one_hot(labels[r0:r1], K).to(W.dtype)        # (r, d, K)
+            HP = (H[g] @ P.permute(1, 0, 2).reshape(d, -1)).reshape(d, r1 - r0, K).permute(1, 0, 2)
+            A = torch.einsum("rjc,rje->rce", P, HP).double() + eye
+            b = torch.einsum("rjc,rj->rc", HP, W[r0:r1]).double()
+            out[r0:r1] = torch.linalg.solve(A, b.unsqueeze(-1)).squeeze(-1).to(W.dtype)
+    return out
+
+
+def lnq(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cfg: QuantConfig) -> dict:
+    """LNQ (Alg. 1, official `train_least_squares`) from an init (labels, C), H already damped: iteration 1 is a
+    C-step only, later ones a P-step then a C-step; after each C-step the result is kept if f fell, else the
+    best is restored and the loop stops. Returns labels, codebook, the accepted trace and the raw trace."""
+    K = C.shape[1]
+    best = objective(W, dequant(C, labels), H)
+    trace, raw = [best], [best]
+    best_lab, best_C = labels, C
+    for it in range(cfg.iters):
+        if it > 0:
+            labels = p_step(W, H, labels, C, cfg.cd_cycles, cfg.block)
+            raw.append(objective(W, dequant(C, labels), H))
+        C = c_step(W, H, labels, K, cfg.c_reg)
+        f = objective(W, dequant(C, labels), H)
+        raw.append(f)
+        if f < best:
+            best, best_lab, best_C = f, labels, C
+            trace.append(f)
+        else:
+            labels, C = best_lab, best_C
+            break
+    return {"labels": best_lab, "codebook": best_C, "objective_trace": trace, "raw_trace": raw}
+
+
+def is_monotone(raw: list, rel: float = 1e-6) -> bool:
+    """Every raw step (P or C) is non-increasing up to a relative `rel`."""
+    return all(b <= a + rel * abs(a) for a, b in zip(raw, raw[1:]))
+
+
+# --------------------------------------------------------------------------------------------- k-means init
+
+
+def kmeans_init(W: torch.Tensor, F: torch.Tensor, K: int, iters: int = 50) -> tuple[torch.Tensor, torch.Tensor]:
+    """SqueezeLLM init: per-row 1-D k-means of the weights with sample weights F (Fisher diagonal), entries
+    w = 0 weighted 0 (official), a row of zero total weight weighted uniformly. Deterministic: centres start at
+    the weighted quantiles (k + 1/2) / K, then at most `iters` Lloyd steps (the official code uses
+    flash1dkmeans' k-means++ seeding). Returns (labels, codebook) with codebooks sorted ascending."""
+    W64 = W.double()
+    wts = F.double().clamp_min(0) * (W64 != 0)
+    tot = wts.sum(1, keepdim=True)
+    wts = torch.where(tot > 0, wts, torch.ones_like(wts))
+    vals, order = W64.sort(dim=1)
+    cum = torch.cumsum(wts.gather(1, order), 1)
+    target = (torch.arange(K, dtype=torch.float64, device=W.device) + 0.5) / K * cum[:, -1:]
+    idx = torch.searchsorted(cum.contiguous(), target.contiguous()).clamp_max(W.shape[1] - 1)
+    C = vals.gather(1, idx)
+    for _ in range(iters):
+        lab = _sorted_nearest(W64, C)
+        num = torch.zeros_like(C).scatter_add_(1, lab, wts * W64)
+        den = torch.zeros_like(C).scatter_add_(1, lab, wts)
+        new = torch.where(den > 0, num / den.clamp_min(1e-300), C).sort(dim=1).values
+        if torch.equal(new, C):
+            break
+        C = new
+    return _sorted_nearest(W64, C), C.to(W.dtype)
+
+
+def _sorted_nearest(W: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    """Nearest codeword for ascending codebooks (midpoint boundaries; a tie goes to the lower codeword)."""
+    mid = ((C[:, 1:] + C[:, :-1]) / 2).contiguous()
+    return torch.searchsorted(mid, W.contiguous())
+
+
+# --------------------------------------------------------------------------------------------- uniform
+
+
+def minmax_grid(W: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row asymmetric min-max grid (GPTQ's `Quantizer.find_params`, per channel, the range includes 0);
+    the scale is rounded to float16 first so the saved (f16 scale, zero) dequantize exactly."""
+    maxq = 2 ** bits - 1
+    lo = W.min(1).values.clamp_max(0)
+    hi = W.max(1).values.clamp_min(0)
+    flat = lo == hi
+    lo, hi = torch.where(flat, -1.0, lo), torch.where(flat, 1.0, hi)
+    scale = ((hi - lo) / maxq).half().float()
+    scale = torch.where(scale > 0, scale, torch.full_like(scale, 2.0 ** -14))
+    zero = torch.round(-lo / scale).clamp(0, maxq)
+    return scale.to(W.dtype), zero.to(W.dtype)
+
+
+def quantize_uniform(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bits: int) -> torch.Tensor:
+    """q = clamp(round(w / scale) + zero, 0, 2^b - 1) (integer codes; dequantized: scale * (q - zero))."""
+    return torch.clamp(torch.round(w / scale) + zero, 0, 2 ** bits - 1)
+
+
+def rtn(W: torch.Tensor, bits: int) -> dict:
+    """Round-to-nearest on the per-row min-max grid."""
+    scale, zero = minmax_grid(W, bits)
+    q = quantize_uniform(W, scale[:, None], zero[:, None], bits)
+    return {"q": q.long(), "scale": scale, "zero": zero}
+
+
+def _gptq_rows(W: torch.Tensor, H: torch.Tensor, scale, zero, bits: int, damp: float, block: int, layer: str):
+    """GPTQ (Frantar et al. 2023, Alg. 1) on rows W with Hessian H: dead columns H = 1, W = 0; damping
+    damp * mean diag; upper Cholesky factor of H^-1; lazy blocks; no act-order. Returns integer codes."""
+    W = W.clone().double()
+    H = H.clone().double()
+    d = W.shape[1]
+    dead = torch.diagonal(H) == 0
+    H[dead, dead] = 1.0
+    W[:, dead] = 0.0
+    H.diagonal().add_(damp * torch.diagonal(H).mean())
+    L, info = torch.linalg.cholesky_ex(H)
+    if int(info) != 0:
+        raise BadInputError(f"layer {layer}: GPTQ Hessian is not positive definite after damping", param="model")
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(L), upper=True)
+    Q = torch.zeros_like(W)
+    s, z = scale.double()[:, None], zero.double()[:, None]
+    for i1 in range(0, d, block):
+        i2 = min(i1 + block, d)
+        W1, Hi = W[:, i1:i2].clone(), Hinv[i1:i2, i1:i2]
+        E = torch.zeros_like(W1)
+        for i in range(i2 - i1):
+            q = quantize_uniform(W1[:, i:i + 1], s, z, bits)
+            Q[:, i1 + i] = q[:, 0]
+            err = (W1[:, i] - (s[:, 0] * (q[:, 0] - z[:, 0]))) / Hi[i, i]
+            W1[:, i:] -= err[:, None] * Hi[i, i:][None]
+            E[:, i] = err
+        W[:, i2:] -= E @ Hinv[i1:i2, i2:]
+    return Q
+
+
+def gptq(W: torch.Tensor, H: torch.Tensor, bits: int, cfg: QuantConfig, layer: str) -> dict:
+    """GPTQ per row group g with H_g (G = 1: plain GPTQ); the grid is found once on the full W."""
+    scale, zero = minmax_grid(W, bits)
+    G = H.shape[0]
+    gs = W.shape[0] // G
+    q = torch.cat([_gptq_rows(W[g * gs:(g + 1) * gs], H[g], scale[g * gs:(g + 1) * gs], zero[g * gs:(g + 1) * gs],
+                              bits, cfg.gptq_damp, cfg.block, layer) for g in range(G)])
+    return {"q": q.long(), "scale": scale, "zero": zero}
+
+
+def bits_per_weight(bits: int, d_in: int, uniform: bool) -> float:
+    """Storage cost: non-uniform b + 16 * 2^b / d_in (an f16 codebook per row), uniform b + 32 / d_in."""
+    return bits + (32 / d_in if uniform else 16 * 2 ** bits / d_in)
