@@ -40,7 +40,8 @@ def _check_modes(ckpt_dir, resume, no_save, out, extend_factor) -> None:
                    "prototype scale; 60m: the paper's 60M shape (GPU).")
 @click.option("--task", type=click.Choice(options.TASKS), default=None, help="Override the preset's task.")
 @click.option("--text", "text_file", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Train on this UTF-8 text file at byte level (default: the Python stdlib's .py sources).")
+              help="Train on this UTF-8 text file at byte level (default: the Python stdlib's .py sources). "
+                   "With --eval: evaluate on it instead of the data recorded in the checkpoint.")
 @click.option("--train-length", type=click.IntRange(min=1), default=None, help="Training context N (preset).")
 @click.option("--d-model", type=click.IntRange(min=2), default=None, help="Model width (preset).")
 @click.option("--n-layers", type=click.IntRange(min=1), default=None, help="Layers (preset).")
@@ -59,7 +60,7 @@ def _check_modes(ckpt_dir, resume, no_save, out, extend_factor) -> None:
 @click.option("--eval-factors", type=common.CommaList(kind=float, positive=True), default=None,
               help="Evaluation lengths as multiples of N (preset; e.g. 1,2,4,8).")
 @click.option("--eval-samples", type=click.IntRange(min=1), default=None,
-              help="Validation windows (text) or passkey samples per length.")
+              help="Validation windows (text: the same windows at every length) or passkey samples per length.")
 @click.option("--passkey-digits", type=click.IntRange(min=1, max=20), default=options.RunConfig.passkey_digits,
               help="Digits of the pass key.")
 @click.option("--extend", type=common.CommaList(options.EXTENSIONS), default=None,
@@ -69,7 +70,8 @@ def _check_modes(ckpt_dir, resume, no_save, out, extend_factor) -> None:
 @click.option("--eval", "ckpt_dir", type=click.Path(exists=True), default=None,
               help="Eval mode: reload this checkpoint folder (one PE's folder of a run) and evaluate it.")
 @click.option("--ckpt-every", type=click.IntRange(min=0), default=None, help="Checkpoint every K steps (0: at the end).")
-@click.option("--resume", is_flag=True, help="Resume the run in --out from its checkpoints.")
+@click.option("--resume", is_flag=True,
+              help="Resume the run in --out from its checkpoints (same settings; Ctrl-C keeps them).")
 @click.option("--no-save", is_flag=True, help="Write no checkpoints or run folder.")
 @click.option("--compile", "compile_", is_flag=True, help="torch.compile the model (GPU).")
 @click.option("--jsonl", is_flag=True, help="Stream one JSON line per trained model before the summary.")
@@ -104,8 +106,11 @@ def cli(ctx, pes, preset, task, text_file, train_length, d_model, n_layers, n_he
                                 steps=steps, batch_size=batch_size, lr=lr, warmup=warmup, sigma=sigma, theta=theta,
                                 pad=pad, eval_factors=eval_factors, eval_samples=eval_samples, ckpt_every=ckpt_every,
                                 compile=compile_ or None, passkey_digits=passkey_digits)
-        # rank 0 makes the run folder; on the other ranks make_dir only returns --out (to resume from)
-        save_to = None if no_save else run.make_dir(out, allow_existing=resume, config=cfg.to_dict())
+        if resume:
+            api.check_resume(out, cfg, data, pes)
+        # rank 0 makes the run folder; on the other ranks make_dir only returns --out (to resume from).
+        # Ctrl-C keeps a folder that holds checkpoints (resumable); one with none is removed.
+        save_to = None if no_save else run.make_dir(out, allow_existing=resume, config=cfg.to_dict(), resumable=True)
         with run.timer.phase("train+eval"), run.progress() as cb:
             run.result = api.compare(pes, cfg, data, run.device, seed=seed, out_dir=save_to, extend=extend,
                                      resume=resume, progress=cb, stream=run.stream if jsonl else None, preset=preset)

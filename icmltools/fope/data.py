@@ -86,8 +86,9 @@ def load_text(path: str | os.PathLike, val_frac: float = 0.1) -> TextData:
         raise BadInputError(f"{p}: not valid UTF-8 text (byte {e.start}: {e.reason})", param="text_file") from None
     arr = np.frombuffer(data, dtype=np.uint8)
     cut = int(round(arr.size * (1 - val_frac)))
-    info = {"source": str(p), "bytes": int(arr.size), "train_bytes": cut, "val_bytes": int(arr.size - cut),
-            "sha256": hashlib.sha256(data).hexdigest(), "split": f"contiguous: first {1 - val_frac:.0%} train"}
+    info = {"source": str(p), "path": str(p.resolve()), "bytes": int(arr.size), "train_bytes": cut,
+            "val_bytes": int(arr.size - cut), "sha256": hashlib.sha256(data).hexdigest(),
+            "split": f"contiguous: first {1 - val_frac:.0%} train"}
     return TextData(arr[:cut], arr[cut:], info)
 
 
@@ -114,12 +115,26 @@ def sample_windows(stream: np.ndarray, batch: int, length: int, gen: torch.Gener
     return torch.from_numpy(stream[idx].astype(np.int64))
 
 
-def eval_windows(stream: np.ndarray, n: int, length: int) -> torch.Tensor:
-    """`n` evenly spaced windows of `length + 1` bytes (the same for every method)."""
-    hi = stream.size - length - 1
-    starts = np.linspace(0, hi, num=n).astype(np.int64) if n > 1 else np.zeros(1, dtype=np.int64)
+def eval_starts(size: int, n: int, max_length: int) -> np.ndarray:
+    """Start offsets of `n` evaluation windows, evenly spaced over a split of `size` bytes so that a window
+    of `max_length + 1` bytes fits at each. Every evaluation length uses these starts (the window of
+    length L starts where the N window starts), so the growth from N to L compares like with like."""
+    hi = size - max_length - 1
+    if hi < 0:
+        raise BadInputError(f"a validation split of {size} bytes holds no window of {max_length + 1} bytes",
+                            param="eval_factors")
+    return np.linspace(0, hi, num=n).astype(np.int64) if n > 1 else np.zeros(1, dtype=np.int64)
+
+
+def windows_at(stream: np.ndarray, starts: np.ndarray, length: int) -> torch.Tensor:
+    """The windows of `length + 1` bytes (inputs and shifted targets) at `starts`, as int64."""
     idx = starts[:, None] + np.arange(length + 1)[None]
     return torch.from_numpy(stream[idx].astype(np.int64))
+
+
+def eval_windows(stream: np.ndarray, n: int, length: int) -> torch.Tensor:
+    """`n` evenly spaced windows of `length + 1` bytes (the same for every method)."""
+    return windows_at(stream, eval_starts(stream.size, n, length), length)
 
 
 # --------------------------------------------------------------------------------------------- passkey

@@ -1,4 +1,4 @@
-"""Training, evaluation, checkpoints and the side-by-side comparison for fope-train.
+"""Training and the side-by-side comparison for fope-train (evaluation: `evaluate`; checkpoints: `ckpt`).
 
 Every position embedding is trained with the same seed, the same initial shared weights and the same
 batches, then evaluated on the same windows / passkey samples at N, 2N, 4N, 8N (configurable). RoPE
@@ -9,13 +9,21 @@ Random streams (`core.seed.derive`): `(seed, "init")` shared weights and `(seed,
 FoPE coefficients (model.py), `(seed, "batches", rank)` training batches, `(seed, "eval", length)`
 passkey evaluation samples. None depends on which other position embeddings run, so one model trained
 alone gives the numbers it gives inside a comparison.
+
+Step time (`train.step_ms`, and `fope_vs_rope_step_time`): on CUDA the wall time of a step between two
+`torch.cuda.synchronize()`; on CPU the CPU time of the training thread (`time.thread_time`, one torch
+thread) or of the process (`time.process_time`, several torch threads), so other processes' load does
+not enter it. `step_clock` says which; `step_time_ms` is always the wall time.
+
+A loss or gradient norm that turns non-finite stops training before the optimizer step
+(`TrainingDiverged`, naming the step): no weight is updated from it and no checkpoint is written after
+it; `run_compare` then removes the checkpoint folders this call created.
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
-import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,22 +33,26 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from icmltools.core.checkpoint import load_safetensors, safe_torch_load, save_safetensors, save_torch
 from icmltools.core.errors import BadInputError, RuntimeFailure
-from icmltools.core.jsonio import atomic_write_json
 from icmltools.core.seed import as_stream
-from icmltools.nn import DecoderStack, TransformerConfig
+from icmltools.nn import DecoderStack
 
-from .data import PasskeyTask, TextData, check_lengths, eval_windows, sample_windows
+from .ckpt import load_checkpoint, read_checkpoint_meta, resume_state, save_checkpoint
+from .data import PasskeyTask, TextData, check_lengths, sample_windows
 from .dist import Dist, join, leave
-from .model import build_model, parse_pes, set_rope_scaling
+from .evaluate import SE_NOTE, eval_extended, eval_lengths, evaluate, summarize
+from .model import build_model, parse_pes
 from .options import RunConfig
 
 __all__ = ["RunConfig", "Dist", "build_model", "lm_loss", "train_one", "evaluate", "run_compare", "run_eval",
-           "load_checkpoint", "read_checkpoint_meta", "check_data"]
+           "load_checkpoint", "read_checkpoint_meta", "check_data", "TrainingDiverged", "step_clock"]
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]
+
+
+class TrainingDiverged(RuntimeFailure):
+    """The training loss or gradient norm became NaN or inf (exit 1)."""
 
 
 def _noop(desc: str, done: int, total: int) -> None:
@@ -97,78 +109,48 @@ def lm_loss(model, seq: torch.Tensor, device: str) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-# --------------------------------------------------------------------------------------------- checkpoints
-
-
-def save_checkpoint(ckpt_dir: Path, model: DecoderStack, meta: dict, opt=None, batches: Batches | None = None,
-                    step: int = 0) -> None:
-    """model.safetensors (weights + FoPE coefficients), config.json (the checkpoint's own: PE, run and model
-    config), and train_state.pt (optimizer, step, batch-stream state) for resuming."""
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    state = dict(model.state_dict())
-    if model.head is not None and model.cfg.tie_weights:
-        state.pop("head.weight", None)
-    save_safetensors(state, ckpt_dir / "model.safetensors", metadata={"format": "icml-fope-train", "pe": meta["pe"]})
-    if opt is not None:
-        save_torch({"optimizer": opt.state_dict(), "step": step, "data_rng": batches.gen.get_state()},
-                   ckpt_dir / "train_state.pt")
-    atomic_write_json(ckpt_dir / "config.json", {**meta, "step": step})
-
-
-def read_checkpoint_meta(ckpt_dir: str | os.PathLike, param: str = "ckpt_dir") -> tuple[Path, dict]:
-    """(folder, parsed config.json) of a checkpoint folder (or of the folder of a file in it); a missing,
-    corrupt or foreign config raises BadInputError naming `param`."""
-    d = Path(ckpt_dir)
-    if d.is_file():
-        d = d.parent
-    cfg_path = d / "config.json"
-    if not cfg_path.is_file():
-        raise BadInputError(f"{d}: not a fope-train checkpoint folder (no config.json)", param=param)
-    try:
-        meta = json.loads(cfg_path.read_text())
-    except ValueError as e:
-        raise BadInputError(f"{cfg_path}: corrupt checkpoint config ({type(e).__name__})", param=param) from None
-    if isinstance(meta, dict) and "command" in meta and "pe" not in meta:
-        subs = sorted(c.parent.name for c in d.glob("*/model.safetensors"))
-        raise BadInputError(f"{d} is a run folder; pass one of its checkpoints: {', '.join(subs) or 'none'}",
-                            param=param)
-    if not isinstance(meta, dict) or not {"pe", "run", "model"} <= set(meta):
-        raise BadInputError(f"{cfg_path}: corrupt checkpoint config (missing pe/run/model)", param=param)
-    return d, meta
-
-
-def load_checkpoint(ckpt_dir: str | os.PathLike, device: str = "cpu") -> tuple[DecoderStack, dict]:
-    """Rebuild a model from `config.json` + `model.safetensors`; corrupt files raise BadInputError."""
-    d, meta = read_checkpoint_meta(ckpt_dir)
-    try:
-        run = RunConfig.from_dict(meta["run"])
-        mcfg = TransformerConfig(**meta["model"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise BadInputError(f"{d / 'config.json'}: corrupt checkpoint config ({type(e).__name__}: {e})",
-                            param="ckpt_dir") from None
-    state = load_safetensors(d / "model.safetensors")
-    model = build_model(meta["pe"], mcfg, run.train_length, run.theta, run.sigma, run.pad, int(meta.get("seed", 0)))
-    try:
-        model.load_state_dict(state, strict=True)
-    except RuntimeError as e:
-        raise BadInputError(f"{d / 'model.safetensors'}: weights do not match config.json "
-                            f"({str(e).splitlines()[0][:200]})", param="ckpt_dir") from None
-    return model.to(device), meta
-
-
 # --------------------------------------------------------------------------------------------- training
 
 
-def _resume(ckpt_dir: Path | None, model, opt, batches: Batches, device: str, pe: str) -> int:
-    """Load weights, optimizer and batch-stream state from `ckpt_dir/train_state.pt`; returns the step."""
-    if ckpt_dir is None or not (ckpt_dir / "train_state.pt").is_file():
-        return 0
-    st = safe_torch_load(ckpt_dir / "train_state.pt")
-    model.load_state_dict(load_safetensors(ckpt_dir / "model.safetensors", device=device))
-    opt.load_state_dict(st["optimizer"])
-    batches.gen.set_state(st["data_rng"])
-    log.info("%s: resumed at step %d from %s", pe, int(st["step"]), ckpt_dir)
-    return int(st["step"])
+def step_clock(device: str) -> str:
+    """How training steps are timed on `device`: `cuda_wall`, `thread_cpu` (one torch thread) or
+    `process_cpu` (several)."""
+    if device.startswith("cuda"):
+        return "cuda_wall"
+    return "thread_cpu" if torch.get_num_threads() == 1 else "process_cpu"
+
+
+class StepTimer:
+    """Per-step wall time and the time of the clock `step_clock(device)` names."""
+
+    def __init__(self, device: str):
+        self.cuda = device.startswith("cuda")
+        self.clock = step_clock(device)
+        self._cpu = {"thread_cpu": time.thread_time, "process_cpu": time.process_time}.get(self.clock, time.process_time)
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def __enter__(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+        self._t0, self._c0 = time.perf_counter(), self._cpu()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self.wall.append(time.perf_counter() - self._t0)
+            self.cpu.append(self._cpu() - self._c0)
+        return False
+
+    def record(self) -> dict:
+        skip = min(5, max(0, len(self.wall) - 1))           # warm-up steps
+        med = (lambda v: float(np.median(v[skip:]) * 1e3) if v else None)
+        wall, cpu = med(self.wall), med(self.cpu)
+        return {"step_ms": wall if self.clock == "cuda_wall" else cpu, "step_clock": self.clock,
+                "step_time_ms": wall, "step_cpu_ms": cpu,
+                "train_wall_s": float(np.sum(self.wall)), "train_cpu_s": float(np.sum(self.cpu))}
 
 
 def _wrap(model, cfg: RunConfig, dist: Dist, device: str):
@@ -180,30 +162,27 @@ def _wrap(model, cfg: RunConfig, dist: Dist, device: str):
     return torch.compile(model) if cfg.compile else model
 
 
-def _step(train_model, model, opt, seq, cfg: RunConfig, device: str) -> float:
+def _step(train_model, model, opt, seq, cfg: RunConfig, device: str, pe: str, step: int) -> float:
+    """One AdamW step; a non-finite loss or gradient norm raises TrainingDiverged before the update (the
+    gradient norm is all-reduced under DDP, so every rank stops at the same step)."""
     loss = lm_loss(train_model, seq, device)
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    if cfg.grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+    value, gnorm = float(loss.detach()), float(norm)
+    if not (math.isfinite(value) and math.isfinite(gnorm)):
+        raise TrainingDiverged(f"{pe}: training diverged at step {step + 1} of {cfg.steps} (loss {value:.4g}, "
+                               f"gradient norm {gnorm:.4g}); stopped before updating the weights",
+                               hint="try a smaller lr")
     opt.step()
-    value = float(loss.detach())
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
     return value
 
 
-def _record(model, cfg: RunConfig, start: int, losses: list, wall: list, cpu: list) -> dict:
-    skip = min(5, max(0, len(wall) - 1))
-    return {
-        "steps": cfg.steps, "resumed_from": start or None,
-        "final_train_loss": float(np.mean(losses[-20:])) if losses else None,
-        "step_time_ms": float(np.median(wall[skip:]) * 1e3) if wall else None,
-        "step_cpu_ms": float(np.median(cpu[skip:]) * 1e3) if cpu else None,
-        "train_wall_s": float(np.sum(wall)), "train_cpu_s": float(np.sum(cpu)),
-        "params": model.num_params(),
-        "frozen_pe_numel": sum(b.numel() for n, b in model.named_buffers() if n.endswith("_coef")),
-    }
+def _record(model, cfg: RunConfig, start: int, losses: list, timer: StepTimer) -> dict:
+    return {"steps": cfg.steps, "resumed_from": start or None,
+            "final_train_loss": float(np.mean(losses[-20:])) if losses else None, **timer.record(),
+            "params": model.num_params(),
+            "frozen_pe_numel": sum(b.numel() for n, b in model.named_buffers() if n.endswith("_coef"))}
 
 
 def train_one(pe: str, cfg: RunConfig, data, device: str, seed=0, progress: Progress = _noop,
@@ -218,135 +197,29 @@ def train_one(pe: str, cfg: RunConfig, data, device: str, seed=0, progress: Prog
     batches = Batches(cfg, data, seed, dist.rank)
     meta = {"pe": pe, "seed": seed, "run": cfg.to_dict(), "model": cfg.model_config(vocab).to_dict(),
             "data": data.info if isinstance(data, TextData) else data.info()}
-    start = _resume(ckpt_dir, model, opt, batches, device, pe) if resume else 0
+    start = resume_state(ckpt_dir, model, opt, batches.gen, device) if resume and ckpt_dir is not None else 0
+    if start:
+        log.info("%s: resumed at step %d from %s", pe, start, ckpt_dir)
     saves = ckpt_dir is not None and dist.writes
     train_model = _wrap(model, cfg, dist, device)
-    losses, wall, cpu = [], [], []
+    losses, timer = [], StepTimer(device)
     model.train()
     for step in range(start, cfg.steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, cfg)
         seq = batches.next()
-        t0, c0 = time.perf_counter(), time.process_time()
-        lv = _step(train_model, model, opt, seq, cfg, device)
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-        if not math.isfinite(lv):
-            raise RuntimeFailure(f"{pe}: training loss became {lv} at step {step}; try a smaller learning rate")
-        losses.append(lv)
+        with timer:
+            losses.append(_step(train_model, model, opt, seq, cfg, device, pe, step))
         progress(f"train {pe}", step + 1, cfg.steps)
         if saves and cfg.ckpt_every and (step + 1) % cfg.ckpt_every == 0 and step + 1 < cfg.steps:
-            save_checkpoint(ckpt_dir, model, meta, opt, batches, step + 1)
+            save_checkpoint(ckpt_dir, model, meta, opt, batches.gen.get_state(), step + 1)
     if saves:
-        save_checkpoint(ckpt_dir, model, meta, opt, batches, cfg.steps)
+        save_checkpoint(ckpt_dir, model, meta, opt, batches.gen.get_state(), cfg.steps)
     model.eval()
-    return model, _record(model, cfg, start, losses, wall, cpu)
+    return model, _record(model, cfg, start, losses, timer)
 
 
-# --------------------------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def eval_text(model, data: TextData, length: int, cfg: RunConfig, device: str) -> dict:
-    """Loss/perplexity on fixed validation windows of `length` bytes, plus loss per position bucket of
-    width N (the training length)."""
-    seqs = eval_windows(data.val, cfg.eval_samples, length)
-    nll = []
-    for i in range(0, len(seqs), cfg.eval_batch):
-        s = seqs[i:i + cfg.eval_batch]
-        x, y = s[:, :-1].to(device), s[:, 1:].to(device)
-        with autocast(device):
-            logits = model(x)
-        nll.append(F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none").cpu())
-    nll = torch.cat(nll)                      # (n, length)
-    loss = float(nll.mean())
-    N = cfg.train_length
-    buckets = [{"start": a, "end": min(a + N, length), "loss": float(nll[:, a:a + N].mean())}
-               for a in range(0, length, N)]
-    return {"length": length, "factor": length / N, "loss": loss, "ppl": math.exp(min(loss, 50.0)),
-            "bits_per_byte": loss / math.log(2), "buckets": buckets}
-
-
-@torch.no_grad()
-def eval_passkey(model, task: PasskeyTask, length: int, cfg: RunConfig, device: str, seed=0) -> dict:
-    """Exact-match passkey accuracy (greedy digits == key) over `eval_samples` sequences drawn from
-    `derive(seed, "eval", length)` (the same for every model), LM loss over all tokens and loss on the
-    answer digits, and accuracy per depth bucket (quarters of the sequence)."""
-    gen = as_stream(seed, "eval", length).torch()
-    seqs, ans = task.batch(cfg.eval_samples, length, gen)
-    correct, tok_loss, ans_loss, depths = [], [], [], []
-    key_first = task.vocab.index("pass")  # the key line starts "The pass key is"
-    for i in range(0, len(seqs), cfg.eval_batch):
-        s, a = seqs[i:i + cfg.eval_batch], ans[i:i + cfg.eval_batch]
-        x, y = s[:, :-1].to(device), s[:, 1:].to(device)
-        with autocast(device):
-            logits = model(x).float()
-        nll = F.cross_entropy(logits.transpose(1, 2), y, reduction="none").cpu()
-        pred = logits.argmax(-1).cpu()
-        idx = a
-        ok = (pred.gather(1, idx) == s[:, 1:].gather(1, idx)).all(1)
-        correct.append(ok)
-        tok_loss.append(nll.mean(1))
-        ans_loss.append(nll.gather(1, idx).mean(1))
-        # depth of the key line: first "pass" token (relative position in the sequence)
-        first = (s[:, :-1] == key_first).float().argmax(1)
-        depths.append(first.float() / length)
-    ok = torch.cat(correct).float()
-    depth = torch.cat(depths)
-    quart = [{"depth": f"{q / 4:.2f}-{(q + 1) / 4:.2f}",
-              "acc": float(ok[(depth >= q / 4) & (depth < (q + 1) / 4)].mean())
-              if ((depth >= q / 4) & (depth < (q + 1) / 4)).any() else None} for q in range(4)]
-    loss = float(torch.cat(tok_loss).mean())
-    return {"length": length, "factor": length / cfg.train_length, "loss": loss, "ppl": math.exp(min(loss, 50.0)),
-            "answer_loss": float(torch.cat(ans_loss).mean()), "passkey_acc": float(ok.mean()),
-            "n": int(ok.numel()), "by_depth": quart}
-
-
-def evaluate(model, cfg: RunConfig, data, device: str, seed: int, lengths: list[int] | None = None,
-             progress: Progress = _noop, label: str = "eval") -> list[dict]:
-    model.eval()
-    lengths = lengths or cfg.eval_lengths()
-    out = []
-    for j, L in enumerate(lengths):
-        if isinstance(data, PasskeyTask):
-            out.append(eval_passkey(model, data, L, cfg, device, seed))
-        else:
-            out.append(eval_text(model, data, L, cfg, device))
-        progress(label, j + 1, len(lengths))
-    return out
-
-
-def eval_extended(model, cfg: RunConfig, data, device: str, seed: int, kind: str,
-                  lengths: list[int] | None = None, factor: float | None = None) -> list[dict]:
-    """RoPE extended training-free with PI or YaRN: at each length L the factor is max(1, L/N)
-    (or a fixed `factor`). Restores plain RoPE afterwards."""
-    lengths = lengths or cfg.eval_lengths()
-    out = []
-    try:
-        for L in lengths:
-            s = float(factor) if factor else max(1.0, L / cfg.train_length)
-            set_rope_scaling(model, {"type": kind, "factor": s, "original_length": cfg.train_length})
-            row = evaluate(model, cfg, data, device, seed, [L])[0]
-            row["scale_factor"] = s
-            out.append(row)
-    finally:
-        set_rope_scaling(model, None)
-    return out
-
-
-# --------------------------------------------------------------------------------------------- summaries
-
-
-def summarize(evals: list[dict], cfg: RunConfig) -> dict:
-    """Loss growth from N to each longer length, and passkey accuracy per factor."""
-    base = next((e for e in evals if e["length"] == cfg.train_length), evals[0])
-    s = {"loss_at_N": base["loss"]}
-    for e in evals:
-        if e["length"] != base["length"]:
-            s[f"loss_growth_{e['factor']:g}x"] = e["loss"] - base["loss"]
-        if "passkey_acc" in e:
-            s[f"passkey_acc_{e['factor']:g}x"] = e["passkey_acc"]
-    return s
+# --------------------------------------------------------------------------------------------- comparison
 
 
 def _compare_row(pe: str, model, rec: dict, cfg: RunConfig, data, device: str, seed, ckpt, extend: tuple,
@@ -363,53 +236,77 @@ def _compare_row(pe: str, model, rec: dict, cfg: RunConfig, data, device: str, s
     return rows
 
 
-def run_compare(pes, cfg: RunConfig, data, device: str, seed=0, out_dir: Path | None = None,
-                extend: tuple = (), resume: bool = False, progress: Progress = _noop,
-                stream: Callable[[dict], None] | None = None) -> dict:
-    """Train every position embedding in `pes` with the same seed and batches, evaluate them on the
-    same lengths and samples, and return the side-by-side table (only the main rank evaluates and
-    reports; `cpu_seconds` is this process's CPU time for the whole comparison)."""
-    c0 = time.process_time()
-    cfg.validate()
-    pes = parse_pes(pes)
-    check_data(cfg, data)
-    dist, device = join(device)
+def _step_ratio(methods: list[dict]) -> dict:
+    """FoPE's training step time over RoPE's, by the clock both were timed with."""
+    t = {m["pe"]: m["train"] for m in methods if m["pe"] in ("rope", "fope")}
+    if len(t) < 2 or not (t["rope"]["step_ms"] and t["fope"]["step_ms"]):
+        return {}
+    return {"fope_vs_rope_step_time": t["fope"]["step_ms"] / t["rope"]["step_ms"],
+            "step_time_clock": t["fope"]["step_clock"]}
+
+
+def _train_all(pes, cfg: RunConfig, data, device: str, seed, out_dir, extend: tuple, resume: bool,
+               progress: Progress, stream, dist: Dist) -> list[dict]:
     methods = []
     for pe in pes:
         ckpt = out_dir / pe if out_dir is not None else None
         model, rec = train_one(pe, cfg, data, device, seed, progress, ckpt, resume, dist)
         if dist.main:
-            rows = _compare_row(pe, model, rec, cfg, data, device, seed, ckpt, tuple(extend), progress)
+            rows = _compare_row(pe, model, rec, cfg, data, device, seed, ckpt, extend, progress)
             methods.extend(rows)
             if stream:
                 stream({"pe": pe, "summary": rows[0]["summary"], "train": rec})
         del model
-    leave(dist)
-    result = {"task": cfg.task, "train_length": cfg.train_length, "eval_lengths": cfg.eval_lengths(),
-              "methods": methods, "config": cfg.to_dict(), "world_size": dist.world}
-    rope = next((m for m in methods if m["pe"] == "rope"), None)
-    fope = next((m for m in methods if m["pe"] == "fope"), None)
-    if rope and fope and rope["train"]["step_time_ms"] and fope["train"]["step_time_ms"]:
-        result["fope_vs_rope_step_time"] = fope["train"]["step_time_ms"] / rope["train"]["step_time_ms"]
-    result["cpu_seconds"] = time.process_time() - c0
-    return result
+    return methods
 
 
-def run_eval(ckpt_dir, data, device: str, lengths: list[int] | None = None, factors: tuple | None = None,
-             extend: tuple | str | None = (), extend_factor: float | None = None, eval_samples: int | None = None,
-             seed=0, progress: Progress = _noop) -> dict:
-    """Reload a checkpoint and evaluate it at new lengths; with `extend` (RoPE checkpoints only) one row
-    per training-free extension (PI / YaRN at factor L/N, or at a fixed `extend_factor`)."""
+def run_compare(pes, cfg: RunConfig, data, device: str, seed=0, out_dir: Path | None = None,
+                extend: tuple = (), resume: bool = False, progress: Progress = _noop,
+                stream: Callable[[dict], None] | None = None) -> dict:
+    """Train every position embedding in `pes` with the same seed and batches, evaluate them on the
+    same lengths and samples, and return the side-by-side table (only the main rank evaluates and
+    reports; `cpu_seconds` is this process's CPU time for the whole comparison). If training diverges,
+    the checkpoint folders this call created are removed before the error propagates."""
     c0 = time.process_time()
-    extend = (extend,) if isinstance(extend, str) else tuple(extend or ())
-    model, meta = load_checkpoint(ckpt_dir, device)
+    cfg.validate()
+    pes = parse_pes(pes)
+    check_data(cfg, data)
+    dist, device = join(device)
+    new = [out_dir / pe for pe in pes if out_dir is not None and not (out_dir / pe).exists()]
+    try:
+        methods = _train_all(pes, cfg, data, device, seed, out_dir, tuple(extend), resume, progress, stream, dist)
+    except TrainingDiverged:
+        if dist.writes:
+            for d in new:
+                shutil.rmtree(d, ignore_errors=True)
+        raise
+    leave(dist)
+    return {"task": cfg.task, "train_length": cfg.train_length, "eval_lengths": eval_lengths(cfg),
+            "methods": methods, "config": cfg.to_dict(), "world_size": dist.world, **_step_ratio(methods),
+            "standard_errors": SE_NOTE[cfg.task], "cpu_seconds": time.process_time() - c0}
+
+
+def _eval_config(meta: dict, factors, eval_samples) -> RunConfig:
     cfg = RunConfig.from_dict(meta["run"])
     if eval_samples:
         cfg = replace(cfg, eval_samples=int(eval_samples))
     if factors:
         cfg = replace(cfg, eval_factors=tuple(factors))
     cfg.validate()
-    lengths = lengths or cfg.eval_lengths()
+    return cfg
+
+
+def run_eval(ckpt_dir, data, device: str, lengths: list[int] | None = None, factors: tuple | None = None,
+             extend: tuple | str | None = (), extend_factor: float | None = None, eval_samples: int | None = None,
+             seed=0, progress: Progress = _noop) -> dict:
+    """Reload a checkpoint and evaluate it at new lengths (N always included); with `extend` (RoPE
+    checkpoints only) one row per training-free extension (PI / YaRN at factor L/N, or a fixed
+    `extend_factor`)."""
+    c0 = time.process_time()
+    extend = (extend,) if isinstance(extend, str) else tuple(extend or ())
+    model, meta = load_checkpoint(ckpt_dir, device)
+    cfg = _eval_config(meta, factors, eval_samples)
+    lengths = eval_lengths(cfg, lengths)
     check_data(cfg, data, max(lengths), name="evaluation data")
     if isinstance(data, TextData) and data.vocab_size != meta["model"]["vocab_size"]:
         raise BadInputError(f"{ckpt_dir}: model vocabulary {meta['model']['vocab_size']} does not match the "
@@ -426,5 +323,6 @@ def run_eval(ckpt_dir, data, device: str, lengths: list[int] | None = None, fact
     if not extend:
         evals = evaluate(model, cfg, data, device, seed, lengths, progress)
         methods.append({"pe": pe, "eval": evals, "summary": summarize(evals, cfg)})
-    return {"task": cfg.task, "train_length": cfg.train_length, "checkpoint": str(ckpt_dir),
-            "trained_steps": meta.get("step"), "methods": methods, "cpu_seconds": time.process_time() - c0}
+    return {"task": cfg.task, "train_length": cfg.train_length, "eval_lengths": lengths, "checkpoint": str(ckpt_dir),
+            "trained_steps": meta.get("step"), "methods": methods, "standard_errors": SE_NOTE[cfg.task],
+            "cpu_seconds": time.process_time() - c0}
