@@ -4,7 +4,11 @@ Trains every position embedding with the same seed and batches (torch single-thr
 byte-level stdlib corpus with the `quick` preset (N = 64) and (2) the passkey task at N = 64, and reports
 per method mean and std over seeds of the loss growth from N to 2N/4N/8N and the passkey accuracy at
 N/2N/4N/8N, RoPE + PI / YaRN (training-free) rows, and FoPE's training step time over RoPE's measured
-interleaved on the same model (CPU time, so load from other processes cancels out).
+interleaved on the same model (CPU time of the one torch thread, so load from other processes cancels
+out). Each aggregated figure also carries the per-seed standard errors of the evaluation (`se`: text
+windows are the same at every length, so the growth's is paired over windows; passkey: binomial) and
+their root mean square `se_rms`, to set against the spread over seeds (`std`). `--text-windows` sets the
+text evaluation windows (default: the quick preset's 2048).
 
 Every (task, seed, position embedding) is an independent unit: its streams come from
 `derive(seed, ...)` only, so a unit gives the same numbers alone as inside a comparison. `--jobs N` runs
@@ -12,7 +16,7 @@ N units at a time in worker processes of one torch thread each (16 cores: the de
 minutes); `--jobs 1` runs them one after the other in this process. The step-time measurement runs
 last, alone.
 
-    python benchmarks/fope_length.py                      # the default (about 17 CPU-minutes)
+    python benchmarks/fope_length.py                      # the default (about 40 CPU-minutes)
     python benchmarks/fope_length.py --seeds 0,1,2 --jobs 16 --out /tmp/fope_bench.json
 
 Prints one JSON document on stdout; `--out FILE` also keeps a partial copy updated after each unit.
@@ -27,25 +31,34 @@ import time
 import numpy as np
 
 
-def _stats(vals):
+def _stats(vals, ses=None):
+    """Mean and std over seeds; with the per-seed standard errors `ses`, also their root mean square (the
+    evaluation noise of one seed's figure: compare it with the std over seeds)."""
     v = [x for x in vals if x is not None]
     if not v:
         return None
-    return {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
-            "values": [float(x) for x in v]}
+    out = {"mean": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+           "values": [float(x) for x in v]}
+    se = [x for x in (ses or []) if x is not None]
+    if se:
+        out["se"] = [float(x) for x in se]
+        out["se_rms"] = float(np.sqrt(np.mean(np.square(se))))
+    return out
 
 
 def aggregate(per_seed: list[dict]) -> dict:
-    """{pe: {metric: {mean, std, values}}} over seeds from the per-seed method rows."""
+    """{pe: {metric: {mean, std, values[, se, se_rms]}}} over seeds from the per-seed method rows (a
+    metric's standard error `<metric>_se` goes with it rather than as a metric of its own)."""
     out: dict = {}
     for res in per_seed:
         for m in res["methods"]:
             d = out.setdefault(m["pe"], {})
             for k, v in m["summary"].items():
                 d.setdefault(k, []).append(v)
-            if m.get("step_cpu_ms") is not None:
-                d.setdefault("step_cpu_ms", []).append(m["step_cpu_ms"])
-    return {pe: {k: _stats(v) for k, v in d.items()} for pe, d in out.items()}
+            if m.get("step_ms") is not None:
+                d.setdefault("step_ms", []).append(m["step_ms"])
+    return {pe: {k: _stats(v, d.get(f"{k}_se")) for k, v in d.items() if not k.endswith("_se")}
+            for pe, d in out.items()}
 
 
 def fope_vs_rope(agg: dict) -> dict:
@@ -63,7 +76,8 @@ def fope_vs_rope(agg: dict) -> dict:
 
 
 def time_steps(cfg, data, rounds: int = 6, steps: int = 8) -> dict:
-    """Interleaved training-step timing of RoPE and FoPE on the same shape and batch (median CPU ms)."""
+    """Interleaved training-step timing of RoPE and FoPE on the same shape and batch: median CPU time of
+    this (the only torch) thread per step, so other processes' load does not enter it, and wall time."""
     import torch
 
     from icmltools.core.seed import derive
@@ -80,17 +94,18 @@ def time_steps(cfg, data, rounds: int = 6, steps: int = 8) -> dict:
     for r in range(rounds):
         for pe in (("rope", "fope") if r % 2 == 0 else ("fope", "rope")):
             for i in range(steps):
-                t0, c0 = time.perf_counter(), time.process_time()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 loss = lm_loss(models[pe], seq, "cpu")
                 opts[pe].zero_grad()
                 loss.backward()
                 opts[pe].step()
                 if r > 0 or i > 1:   # skip warm-up
-                    cpu[pe].append(time.process_time() - c0)
+                    cpu[pe].append(time.thread_time() - c0)
                     wall[pe].append(time.perf_counter() - t0)
     med = {pe: float(np.median(v) * 1e3) for pe, v in cpu.items()}
     medw = {pe: float(np.median(v) * 1e3) for pe, v in wall.items()}
-    return {"step_cpu_ms": med, "step_wall_ms": medw, "fope_over_rope_cpu": med["fope"] / med["rope"],
+    return {"clock": "thread_cpu", "torch_threads": torch.get_num_threads(), "step_cpu_ms": med,
+            "step_wall_ms": medw, "fope_over_rope_cpu": med["fope"] / med["rope"],
             "fope_over_rope_wall": medw["fope"] / medw["rope"], "samples_per_method": len(cpu["rope"]),
             "within_1.15x": med["fope"] / med["rope"] <= 1.15}
 
@@ -103,7 +118,7 @@ def task_config(task: str, args):
     from icmltools.fope.api import make_config
 
     if task == "text":
-        return make_config("quick", steps=args.text_steps), args.text_pes.split(",")
+        return make_config("quick", steps=args.text_steps, eval_samples=args.text_windows), args.text_pes.split(",")
     cfg = make_config("quick", task="passkey", train_length=args.passkey_length, batch_size=32,
                       steps=args.passkey_steps, lr=2e-3, warmup=50, eval_samples=100)
     return cfg, args.passkey_pes.split(",")
@@ -139,7 +154,8 @@ def run_unit(task: str, seed: int, pe: str, cfg_dict: dict, extend: tuple) -> di
     res = run_compare(pe, cfg, task_data(task, cfg), "cpu", seed, None, extend)
     rows = [{"pe": m["pe"], "summary": m["summary"],
              "eval": [{k: e[k] for k in e if k not in ("buckets", "by_depth")} for e in m["eval"]],
-             "step_cpu_ms": m.get("train", {}).get("step_cpu_ms")} for m in res["methods"]]
+             "step_ms": m.get("train", {}).get("step_ms"), "step_clock": m.get("train", {}).get("step_clock")}
+            for m in res["methods"]]
     return {"task": task, "seed": seed, "pe": pe, "rows": rows, "cpu_s": res["cpu_seconds"]}
 
 
@@ -180,6 +196,8 @@ def _parse(argv):
     ap.add_argument("--text-pes", default="rope,fope,fope-cf,fope-fs")
     ap.add_argument("--passkey-pes", default="rope,fope,fope-cf")
     ap.add_argument("--text-steps", type=int, default=600, help="quick preset: 600")
+    ap.add_argument("--text-windows", type=int, default=None,
+                    help="text evaluation windows per length (the same at every length; default: the quick preset's)")
     ap.add_argument("--passkey-steps", type=int, default=600)
     ap.add_argument("--passkey-length", type=int, default=64)
     ap.add_argument("--extend", default="pi,yarn")
