@@ -110,7 +110,8 @@ def cli(ctx, preset, stages, methods, tasks, data, run_dir, split, episodes, max
         plan = api.plan(preset=preset, run_dir=run_dir, data=data, stages=stages, methods=methods, seed=seed,
                         overrides=overrides)
         run.seed = plan.seed   # a resumed run keeps its folder's seed
-        root = run.make_dir(run_dir or out, allow_existing=run_dir is not None, config=plan.config_dict())
+        root = run.make_dir(run_dir or out, allow_existing=run_dir is not None, config=plan.config_dict(),
+                            resumable=True)   # Ctrl-C keeps a folder holding finished stages (docs: Decisions)
         with run.progress() as cb:
             run.result = api.execute(plan, root, device=run.device, progress=cb, timer=run.timer)
         for name in ("pipeline.json", "stages.json", "evaluation.json", "dataset.json"):

@@ -511,3 +511,305 @@ def test_quiet_means_quiet_metaworld_and_mujoco(run_cli, tmp_path, monkeypatch, 
                         str(tmp_path / "r"), *TINY])
     assert res.stderr == "" and doc["result"]["tasks"] == ["reach-v3", "door-open-v3"]
     assert capfd.readouterr().err == ""       # file-descriptor level too (C libraries, forked workers)
+
+
+# --------------------------------------------------------------------------------------------- issue 19
+# The bad-input catalogue of goskill: (setup, argv, exit code, a substring of the one stderr line). `setup`
+# builds the inputs in the test's folder: a dataset `d/` (episode files written by `_ep`) or a run folder `r/`
+# copied from a finished toy run (`r` = every stage done; `c` = collect only; `u` = a run on a user dataset).
+
+SMALL = ["--episodes", "4", "--max-steps", "20", "-H", "5", "--extract-iters", "5", "--enhance-iters", "2",
+         "--policy-iters", "2", "--bc-iters", "2", "--eval-episodes", "1"]
+
+
+def _ep(path, T=12, ds=39, da=4, **arrays):
+    """Write one episode file (zeros of the given widths; `arrays` replace or add arrays)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ep = {"observations": np.zeros((T, ds), np.float32), "actions": np.zeros((T, da), np.float32),
+          "rewards": np.zeros(T, np.float32), **arrays}
+    np.savez(path, **{k: v for k, v in ep.items() if v is not None})
+
+
+def _edit_json(path, fn):
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _nan_tensor(path):
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(str(path))
+    k = sorted(t)[0]
+    t[k].view(-1)[0] = float("nan")
+    save_file(t, str(path))
+
+
+def _run_cli_quiet(args):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    res = CliRunner().invoke(cli, ["goskill", "-q", "--threads", "1", *args])
+    assert res.exit_code == 0, res.stderr
+    return res
+
+
+@pytest.fixture(scope="session")
+def toy_runs(tmp_path_factory):
+    """Template run folders on toy tasks: `r` every stage done, `c` collect only, `u` extract on a user dataset."""
+    root = tmp_path_factory.mktemp("goskill_templates")
+    _run_cli_quiet(["--tasks", "toy-a,toy-b", "--out", str(root / "r"), *SMALL])
+    _run_cli_quiet(["--tasks", "toy-a,toy-b", "--out", str(root / "c"), "--stages", "collect", *SMALL])
+    _run_cli_quiet(["--data", str(root / "c" / "data"), "--out", str(root / "u"), "--stages", "extract", *SMALL])
+    return root
+
+
+def _copy(templates, name, dest="r"):
+    import shutil
+
+    shutil.copytree(templates / name, dest)
+
+
+SETUPS = {
+    "none": lambda t: None,
+    "empty_npz": lambda t: (Path("d/reach-v3").mkdir(parents=True), Path("d/reach-v3/0.npz").write_bytes(b"")),
+    "text_npz": lambda t: (Path("d/reach-v3").mkdir(parents=True), Path("d/reach-v3/0.npz").write_text("hello")),
+    "truncated_npz": lambda t: (_ep("d/reach-v3/0.npz"),
+                                Path("d/reach-v3/0.npz").write_bytes(Path("d/reach-v3/0.npz").read_bytes()[:300])),
+    "no_actions": lambda t: _ep("d/reach-v3/0.npz", actions=None),
+    "object_array": lambda t: _ep("d/reach-v3/0.npz", observations=np.array([None] * 12, dtype=object)),
+    "complex": lambda t: _ep("d/reach-v3/0.npz", observations=np.zeros((12, 39)) + 1j),
+    "3d_obs": lambda t: _ep("d/reach-v3/0.npz", observations=np.zeros((12, 39, 1))),
+    "length_mismatch": lambda t: _ep("d/reach-v3/0.npz", actions=np.zeros((11, 4))),
+    "zero_steps": lambda t: _ep("d/reach-v3/0.npz", T=0),
+    "nan_obs": lambda t: _ep("d/reach-v3/0.npz", observations=np.full((12, 39), np.nan)),
+    "inf_reward": lambda t: _ep("d/reach-v3/0.npz", rewards=np.r_[np.zeros(5), np.inf, np.zeros(6)]),
+    "huge_obs": lambda t: _ep("d/reach-v3/0.npz", observations=np.full((12, 39), 1e300)),
+    "short_successes": lambda t: _ep("d/reach-v3/0.npz", successes=np.zeros(3)),
+    "next_obs_shape": lambda t: _ep("d/reach-v3/0.npz", next_observations=np.zeros((12, 38))),
+    "narrow_obs": lambda t: _ep("d/reach-v3/0.npz", ds=6),
+    "narrow_act": lambda t: _ep("d/reach-v3/0.npz", da=3),
+    "toy_metaworld_widths": lambda t: _ep("d/toy-a/0.npz"),
+    "widths_across_tasks": lambda t: (_ep("d/bar/0.npz", ds=5), _ep("d/foo/0.npz", ds=6)),
+    "unknown_task": lambda t: _ep("d/foo/0.npz"),
+    "same_number": lambda t: (_ep("d/reach-v3/0.npz"), _ep("d/reach-v3/00.npz")),
+    "task_folder_given": lambda t: _ep("d/0.npz"),
+    "no_numbered_episode": lambda t: _ep("d/reach-v3/first.npz"),
+    "run": lambda t: _copy(t, "r"),
+    "collected": lambda t: _copy(t, "c"),
+    "user_data_run": lambda t: _copy(t, "u"),
+    "corrupt_state": lambda t: (_copy(t, "r"), Path("r/pipeline.json").write_text("{bad")),
+    "state_bad_seed": lambda t: (_copy(t, "r"), _edit_json("r/pipeline.json", lambda d: d.update(seed="x"))),
+    "state_bad_type": lambda t: (_copy(t, "r"), _edit_json("r/pipeline.json", lambda d: d["config"].update(H="ten"))),
+    "state_bad_value": lambda t: (_copy(t, "r"), _edit_json("r/pipeline.json", lambda d: d["config"].update(H=0))),
+    "state_unknown_key": lambda t: (_copy(t, "r"), _edit_json("r/pipeline.json", lambda d: d["config"].update(x=1))),
+    "state_missing": lambda t: (_copy(t, "r"), Path("r/pipeline.json").unlink()),
+    "other_command": lambda t: (Path("r").mkdir(), Path("r/config.json").write_text('{"command": "negmerge"}')),
+    "corrupt_stages": lambda t: (_copy(t, "r"), Path("r/stages.json").write_text("[1]")),
+    "task_data_gone": lambda t: (_copy(t, "c"), __import__("shutil").rmtree("r/data/toy-b")),
+    "collect_unfinished": lambda t: (_copy(t, "c"), Path("r/stages.json").write_text("{}")),
+    "truncated_ckpt": lambda t: (_copy(t, "r"), Path("r/checkpoints/high_level.safetensors").write_bytes(b"xx")),
+    "nan_ckpt": lambda t: (_copy(t, "r"), _nan_tensor("r/checkpoints/mtbc.safetensors")),
+    "no_high_level": lambda t: (_copy(t, "r"), Path("r/checkpoints/high_level.safetensors").unlink()),
+    "user_data_gone": lambda t: (_copy(t, "u"), _edit_json("r/pipeline.json", lambda d: d.update(data_dir="gone"))),
+    "out_not_empty": lambda t: (Path("o").mkdir(), Path("o/x").write_text("x")),
+}
+
+BAD_INPUTS = [
+    # datasets (--data): read and checked before anything is created or trained
+    ("empty_npz", ["--data", "d"], 2, "d/reach-v3/0.npz: empty file (0 bytes)"),
+    ("text_npz", ["--data", "d"], 2, "d/reach-v3/0.npz: not a .npz archive"),
+    ("truncated_npz", ["--data", "d"], 2, "d/reach-v3/0.npz: not a .npz archive"),
+    ("no_actions", ["--data", "d"], 2, "0.npz: missing array 'actions'"),
+    ("object_array", ["--data", "d"], 2, "0.npz: not a readable .npz episode"),
+    ("complex", ["--data", "d"], 2, "observations has dtype complex128"),
+    ("3d_obs", ["--data", "d"], 2, "must be 2-D"),
+    ("length_mismatch", ["--data", "d"], 2, "must share the episode length"),
+    ("zero_steps", ["--data", "d"], 2, "T >= 1"),
+    ("nan_obs", ["--data", "d"], 2, "0.npz: observations has non-finite values"),
+    ("inf_reward", ["--data", "d"], 2, "rewards has non-finite values (NaN or inf; first at step 5)"),
+    ("huge_obs", ["--data", "d"], 2, "observations has values beyond the float32 range"),
+    ("short_successes", ["--data", "d"], 2, "successes has 3 entries; the episode has 12 steps"),
+    ("next_obs_shape", ["--data", "d"], 2, "next_observations (12, 38) differs"),
+    ("narrow_obs", ["--data", "d"], 2, "observations have 6 columns and actions 4; the reach-v3 environment has 39"),
+    ("narrow_act", ["--data", "d"], 2, "actions 3; the reach-v3 environment has 39 and 4"),
+    ("toy_metaworld_widths", ["--data", "d"], 2, "the toy-a environment has 6 and 2"),
+    ("widths_across_tasks", ["--data", "d", "--stages", "extract"], 2, "every episode needs the same widths"),
+    ("unknown_task", ["--data", "d"], 2, "task 'foo' of the dataset is not a MetaWorld v3 task"),
+    ("same_number", ["--data", "d"], 2, "00.npz: same episode number as 0.npz"),
+    ("task_folder_given", ["--data", "d"], 2, "give the folder above it"),
+    ("no_numbered_episode", ["--data", "d"], 2, "d/reach-v3: no <i>.npz episodes"),
+    ("no_numbered_episode", ["--data", "d", "--tasks", "push-v3"], 2, "no folder for task 'push-v3'"),
+    ("none", ["--tasks", "toy-a", "--stages", "policy,collect"], 2, "'collect' comes before 'policy'"),
+    ("none", ["--tasks", "toy-a", "--stages", "collect,policy"], 2,
+     "the policy stage needs the skill checkpoint, which a new run makes in the extract stage"),
+    ("none", ["--stages", "extract,fly"], 2, "unknown 'fly'"),
+    ("none", ["--methods", "goskill,bc"], 2, "unknown 'bc'"),
+    ("none", ["--run-dir", "nowhere"], 2, "does not exist"),
+    ("out_not_empty", ["--tasks", "toy-a", "--out", "o"], 2, "o: directory is not empty"),
+    # run folders (--run-dir): state, stage record, data and checkpoints checked before the first stage runs
+    ("corrupt_state", ["--run-dir", "r"], 2, "r/pipeline.json: unreadable goskill state"),
+    ("state_bad_seed", ["--run-dir", "r"], 2, "seed 'x' is not an integer"),
+    ("state_bad_type", ["--run-dir", "r"], 2, "r/pipeline.json: configuration field 'H' is 'ten'; expected int"),
+    ("state_bad_value", ["--run-dir", "r"], 2, "r/pipeline.json: configuration field 'H': must be >= 1"),
+    ("state_unknown_key", ["--run-dir", "r"], 2, "r/pipeline.json: unknown keys ['x']"),
+    ("state_missing", ["--run-dir", "r"], 2, "pipeline.json (the resume state) is missing"),
+    ("other_command", ["--run-dir", "r"], 2, "a run folder of `negmerge`, not of goskill"),
+    ("corrupt_stages", ["--run-dir", "r"], 2, "r/stages.json: unreadable stage record"),
+    ("task_data_gone", ["--run-dir", "r"], 2, "r/data: no folder for task 'toy-b'"),
+    ("collect_unfinished", ["--run-dir", "r", "--stages", "extract"], 2, "the collect stage has not finished"),
+    ("collected", ["--run-dir", "r", "--stages", "policy"], 2, "skill.safetensors: missing; the policy stage needs it"),
+    ("collected", ["--run-dir", "r", "--stages", "extract,evaluate", "--methods", "goskill"], 2,
+     "skill_enhanced.safetensors: missing; the evaluate stage needs it"),
+    ("no_high_level", ["--run-dir", "r", "--stages", "evaluate", "--methods", "goskill_noenh"], 2,
+     "high_level.safetensors: missing"),
+    ("truncated_ckpt", ["--run-dir", "r", "--stages", "evaluate"], 2, "corrupt or truncated safetensors file"),
+    ("nan_ckpt", ["--run-dir", "r", "--stages", "evaluate", "--methods", "mtbc"], 2,
+     "mtbc.safetensors: tensor 'net.0.bias' has non-finite values"),
+    ("run", ["--run-dir", "r", "--stages", "policy,extract"], 2, "'extract' comes before 'policy'"),
+    ("run", ["--run-dir", "r", "--stages", "baselines"], 2, "running baselines again would leave evaluate"),
+    ("run", ["--run-dir", "r", "--stages", "collect,evaluate"], 2, "running collect again would leave extract"),
+    ("run", ["--run-dir", "r", "-H", "4"], 2, "--horizon: cannot change 5 to 4: the extract stage"),
+    ("run", ["--run-dir", "r", "--stages", "evaluate", "--max-steps", "30"], 2,
+     "--max-steps: cannot change 20 to 30: the collect stage"),
+    ("run", ["--run-dir", "r", "--tasks", "toy-c"], 2, "a resumed run keeps its tasks (toy-a, toy-b)"),
+    ("collected", ["--run-dir", "r", "--episodes", "8"], 2, "--episodes: cannot change 4 to 8: the collect stage"),
+    ("user_data_run", ["--run-dir", "r", "--stages", "collect"], 2, "this run reads a user dataset"),
+    ("user_data_gone", ["--run-dir", "r"], 2, "gone: the dataset this run was started on is gone"),
+]
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("setup,args,code,text", [pytest.param(*row, id=f"{row[0]}:{' '.join(row[1][:4])}")
+                                                  for row in BAD_INPUTS])
+def test_bad_input_catalogue(setup, args, code, text, toy_runs, tmp_path, monkeypatch):
+    """Exit code, exactly one `Error:` line naming the problem, no traceback, nothing on stdout, and no file
+    written or changed (a run folder given with --run-dir is left as it was)."""
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    SETUPS[setup](toy_runs)
+    before = _snapshot(tmp_path)
+    res = CliRunner().invoke(cli, ["goskill", "-q", "--threads", "1", *args])
+    assert res.exit_code == code, (res.exit_code, res.stderr)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert text in lines[0], lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert _snapshot(tmp_path) == before
+
+
+def _nan_after(fn, n: int):
+    """`fn`, returning NaN from its (n+1)-th call on (a loss that turns non-finite mid-training)."""
+    calls = []
+
+    def wrapped(*a, **k):
+        calls.append(1)
+        out = fn(*a, **k)
+        return out * float("nan") if len(calls) > n else out
+    return wrapped
+
+
+def test_a_loss_that_turns_non_finite_fails_the_stage_and_saves_nothing_of_it(toy_runs, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+    from icmltools.goskill import train as TR
+
+    monkeypatch.chdir(tmp_path)
+    _copy(toy_runs, "c")
+    before = _snapshot(tmp_path)
+    before.pop("r/config.json")                        # the command records each call's parameters there
+    monkeypatch.setattr(TR, "_masked_mse", _nan_after(TR._masked_mse, 2))
+    res = CliRunner().invoke(cli, ["goskill", "-q", "--threads", "1", "--run-dir", "r", "--stages", "extract"])
+    assert res.exit_code == 1, res.stderr
+    assert res.stderr.strip() == ("Error: extract: the training loss became nan at step 3 of 5; nothing of this "
+                                  "stage was saved (hint: check the data for extreme values, or try another "
+                                  "seed or smaller sizes)")
+    after = _snapshot(tmp_path)
+    assert after.pop("r/config.json") and after == before   # no checkpoint, no stage record, no result
+    # baselines: MT-BC trains fine, MT-BC-RTG's loss turns NaN -> neither checkpoint is written
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(TR.F, "mse_loss", _nan_after(TR.F.mse_loss, 2 + 1))
+    res = CliRunner().invoke(cli, ["goskill", "-q", "--threads", "1", "--run-dir", "r", "--stages", "baselines"])
+    assert res.exit_code == 1 and "baselines (mtbc_rtg): the training loss became nan at step 2 of 2" in res.stderr
+    after = _snapshot(tmp_path)
+    assert after.pop("r/config.json") and after == before
+
+
+def _interrupt(tmp_path, args, ready, group=False):
+    """Start `icml goskill ARGS` in a subprocess, send SIGINT once `ready()` holds (to its whole process group
+    with `group`, as a terminal's Ctrl-C does); returns (exit code, stderr, seconds from the signal to exit)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
+    env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
+    p = subprocess.Popen([sys.executable, "-m", "icmltools", "goskill", "--threads", "1", *args], cwd=tmp_path,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=group,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    t0 = time.perf_counter()
+    while not ready():
+        assert p.poll() is None, p.communicate()[1].decode()[-2000:]
+        assert time.perf_counter() - t0 < 120, "never got ready"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    t1 = time.perf_counter()
+    os.killpg(p.pid, signal.SIGINT) if group else p.send_signal(signal.SIGINT)
+    try:
+        out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL) if group else p.kill()
+        p.communicate()
+        raise AssertionError("still running 60 s after Ctrl-C") from None
+    assert out == b"" and "Traceback" not in err.decode(), err.decode()[-2000:]
+    return p.returncode, err.decode(), time.perf_counter() - t1
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_finished_stages_to_resume_and_nothing_else(tmp_path):
+    """Decision (docs/goskill.md): Ctrl-C in a new run keeps its folder only if a stage finished there (resume it
+    with --run-dir); the interrupted stage leaves nothing; with no finished stage the folder is removed."""
+    r = tmp_path / "r"
+    code, err, dt = _interrupt(tmp_path, ["--tasks", "toy-a,toy-b", "--out", "r", "--extract-iters", "1000000"],
+                               lambda: (r / "stages.json").exists())
+    assert code == 130 and dt < 15, err
+    assert err.strip().splitlines() == ["interrupted: partial run kept in r (resume from it)",
+                                        "Error: interrupted (nothing was written)"]
+    assert json.loads((r / "stages.json").read_text()).keys() == {"collect"}
+    assert sorted(p.name for p in r.iterdir()) == ["config.json", "data", "dataset.json", "pipeline.json",
+                                                   "stages.json"]
+    res = _run_cli_quiet(["--run-dir", str(r), *SMALL[6:]])
+    doc = json.loads(res.stdout)["result"]
+    assert doc["stages_run"] == list(STAGES[1:]) and doc["stages_done"] == list(STAGES)
+    # interrupted while collecting: nothing finished, the folder goes
+    code, err, dt = _interrupt(tmp_path, ["--tasks", "toy-a,toy-b", "--out", "c", "--episodes", "100000"],
+                               lambda: any((tmp_path / "c").glob("*/*/*.npz")))
+    assert code == 130 and dt < 15 and err.strip() == "Error: interrupted (nothing was written)", err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_from_a_terminal_stops_parallel_collection_at_once(tmp_path):
+    """A terminal's Ctrl-C reaches the workers too: they ignore it, the parent stops and ends them at once. It
+    used to wait for the pool, whose workers went on to run the task already queued for them in full (23 s for
+    three MetaWorld tasks on two workers; here: minutes)."""
+    code, err, dt = _interrupt(tmp_path, ["--tasks", "toy-a,toy-b,toy-c", "--workers", "2", "--episodes", "100000",
+                                          "--out", "c"], lambda: any((tmp_path / "c").glob("*/*/*.npz")), group=True)
+    assert code == 130 and dt < 15 and err.strip() == "Error: interrupted (nothing was written)", (dt, err)
+    import time
+
+    time.sleep(1)
+    assert not (tmp_path / "c").exists()

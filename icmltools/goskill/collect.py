@@ -11,7 +11,7 @@ random to expert like a SAC replay buffer. Near-optimal = all episodes, sub-opti
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ProcessPoolExecutor
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +89,10 @@ def _collect_task(args) -> dict:
     return {"task": task, "returns": returns, "success": succ}
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def collect(tasks: list[str], out_dir: str | Path, *, episodes: int, max_steps: int, seed: int,
             workers: int = 1, progress=None) -> dict:
     """Collect `episodes` ramp episodes of `max_steps` for each task into `out_dir/<task>/<i>.npz`."""
@@ -103,8 +107,10 @@ def collect(tasks: list[str], out_dir: str | Path, *, episodes: int, max_steps: 
     else:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as ex:
-            for k, r in enumerate(ex.map(_collect_task, jobs)):
+        # Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group): the parent alone
+        # stops, and leaving the pool terminates them at once, so none writes after the parent returns.
+        with mp.get_context("fork").Pool(workers, initializer=_ignore_sigint) as pool:
+            for k, r in enumerate(pool.imap(_collect_task, jobs)):
                 results.append(r)
                 if progress:
                     progress("collect", k + 1, len(jobs))

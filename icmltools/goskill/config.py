@@ -8,7 +8,7 @@ from icmltools.core.errors import BadInputError
 
 from .options import CONDITIONINGS, DECODERS, PRESETS, SPLITS, GoSkillConfig
 
-__all__ = ["FIELDS", "PRESETS", "GoSkillConfig", "config_from_dict", "make_config", "validate"]
+__all__ = ["FIELDS", "PRESETS", "GoSkillConfig", "config_from_dict", "make_config", "validate", "with_overrides"]
 
 FIELDS = {f.name: f for f in dataclasses.fields(GoSkillConfig)}
 _AT_LEAST_ONE = ("H", "episodes", "max_steps", "n_codes", "eval_episodes", "envs_per_task", "context", "prompt_len")
@@ -32,12 +32,34 @@ def make_config(preset: str = "quick", **overrides) -> GoSkillConfig:
 
 
 def config_from_dict(d: dict, path: str = "pipeline.json") -> GoSkillConfig:
+    """The configuration stored in a run folder's state file `path`, checked (errors name the file)."""
+    if not isinstance(d, dict):
+        raise BadInputError(f"{path}: the configuration is not an object")
     unknown = set(d) - set(FIELDS)
     if unknown:
         raise BadInputError(f"{path}: unknown keys {sorted(unknown)}")
+    for k, v in d.items():
+        want = type(FIELDS[k].default)
+        ok = isinstance(v, want) or (want is float and isinstance(v, int))
+        if not ok or (isinstance(v, bool) and want is not bool):
+            raise BadInputError(f"{path}: configuration field {k!r} is {v!r}; expected {want.__name__}")
     cfg = GoSkillConfig(**d)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except BadInputError as e:
+        raise BadInputError(f"{path}: configuration field {e.param!r}: {e.message}") from None
     return cfg
+
+
+def with_overrides(cfg: GoSkillConfig, overrides: dict) -> GoSkillConfig:
+    """`cfg` with the overrides that are not None applied, checked (errors name the overridden field)."""
+    kw = {k: v for k, v in overrides.items() if v is not None}
+    for k in kw:
+        if k not in FIELDS or k == "preset":
+            raise BadInputError(f"unknown configuration key {k!r}")
+    out = dataclasses.replace(cfg, **kw)
+    validate(out)
+    return out
 
 
 def validate(cfg: GoSkillConfig) -> None:

@@ -1,8 +1,10 @@
 """The offline dataset: reading the official `<task>/<i>.npz` layout, normalisation, goal windows, samplers."""
 from __future__ import annotations
 
+import os
 import re
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,26 +12,57 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
+REQUIRED = ("observations", "actions", "rewards")
+PER_STEP = ("next_observations", "successes", "terminals")   # optional; one entry per step when present
+_F32_MAX = float(np.finfo(np.float32).max)
+
 
 def load_task_dir(task_dir: Path) -> list[dict]:
     """Episodes of one task folder, in the integer order of their file names (`0.npz`, `1.npz`, ...)."""
+    return [ep for _, ep in _load_task(Path(task_dir))]
+
+
+def _episode_files(task_dir: Path) -> list[Path]:
     files = [p for p in task_dir.iterdir() if p.suffix == ".npz" and re.fullmatch(r"\d+", p.stem)]
-    files.sort(key=lambda p: int(p.stem))
-    eps = []
-    for p in files:
-        try:
-            with np.load(p, allow_pickle=False) as z:
-                ep = {k: np.asarray(z[k]) for k in z.files}
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            raise BadInputError(f"{p}: not a readable .npz episode ({e})") from None
-        eps.append(_check_episode(p, ep))
-    return eps
+    files.sort(key=lambda p: (int(p.stem), p.name))
+    for a, b in zip(files, files[1:]):
+        if int(a.stem) == int(b.stem):
+            raise BadInputError(f"{b}: same episode number as {a.name} (episodes are ordered by number)")
+    return files
+
+
+def _load_task(task_dir: Path) -> list[tuple[Path, dict]]:
+    return [(p, _check_episode(p, _read_npz(p))) for p in _episode_files(task_dir)]
+
+
+def _read_npz(p: Path) -> dict:
+    """Every array of one episode file; any failure is one error naming the file."""
+    try:
+        size = p.stat().st_size
+    except OSError as e:
+        raise BadInputError(f"{p}: cannot read ({(e.strerror or type(e).__name__).lower()})") from None
+    if size == 0:
+        raise BadInputError(f"{p}: empty file (0 bytes), not a .npz episode")
+    if not os.access(p, os.R_OK):
+        raise BadInputError(f"{p}: cannot read (permission denied)")
+    if not zipfile.is_zipfile(p):
+        raise BadInputError(f"{p}: not a .npz archive (truncated, or another format)")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
+        raise BadInputError(f"{p}: not a readable .npz episode ({str(e).splitlines()[0][:200]})") from None
 
 
 def _check_episode(p, ep: dict) -> dict:
-    for k in ("observations", "actions", "rewards"):
-        if k not in ep:
-            raise BadInputError(f"{p}: missing array {k!r} (need observations, actions, rewards)")
+    """The arrays the pipeline uses, as float32, after checking names, dtypes, shapes, lengths and values."""
+    missing = [k for k in REQUIRED if k not in ep]
+    if missing:
+        raise BadInputError(f"{p}: missing array {missing[0]!r} (an episode needs {', '.join(REQUIRED)}; "
+                            f"this file has {', '.join(sorted(ep)) or 'no arrays'})")
+    for k in (*REQUIRED, *PER_STEP):
+        if k in ep and ep[k].dtype.kind not in "biuf":
+            raise BadInputError(f"{p}: {k} has dtype {ep[k].dtype}; expected real numbers")
     o, a, r = ep["observations"], ep["actions"], ep["rewards"]
     if o.ndim != 2 or a.ndim != 2:
         raise BadInputError(f"{p}: observations {o.shape} and actions {a.shape} must be 2-D (T, dim)")
@@ -42,37 +75,71 @@ def _check_episode(p, ep: dict) -> dict:
         no = np.concatenate([o[1:], o[-1:]], axis=0)
     elif no.shape != o.shape:
         raise BadInputError(f"{p}: next_observations {no.shape} differs from observations {o.shape}")
-    out = {"observations": o.astype(np.float32), "next_observations": no.astype(np.float32),
-           "actions": a.astype(np.float32), "rewards": r.astype(np.float32)}
-    if "successes" in ep and ep["successes"].reshape(-1).shape[0] == len(o):
-        out["successes"] = ep["successes"].reshape(-1).astype(np.float32)
-    for k, v in out.items():
-        if not np.all(np.isfinite(v)):
-            raise BadInputError(f"{p}: {k} has non-finite values")
-    return out
+    for k in ("successes", "terminals"):
+        if k in ep and ep[k].size != len(o):
+            raise BadInputError(f"{p}: {k} has {ep[k].size} entries; the episode has {len(o)} steps")
+    raw = {"observations": o, "next_observations": no, "actions": a, "rewards": r}
+    if "successes" in ep:
+        raw["successes"] = ep["successes"].reshape(-1)
+    return {k: _float32(p, k, v) for k, v in raw.items()}
+
+
+def _float32(p, name: str, v: np.ndarray) -> np.ndarray:
+    bad = ~np.isfinite(v)
+    if bad.any():
+        raise BadInputError(f"{p}: {name} has non-finite values (NaN or inf; first at step "
+                            f"{int(np.argwhere(bad)[0][0])})")
+    if v.dtype.kind == "f" and v.dtype.itemsize > 4 and v.size and float(np.abs(v).max()) > _F32_MAX:
+        raise BadInputError(f"{p}: {name} has values beyond the float32 range (|x| > {_F32_MAX:.3g})")
+    return v.astype(np.float32)
+
+
+def _widths(ep: dict) -> tuple[int, int]:
+    return ep["observations"].shape[1], ep["actions"].shape[1]
+
+
+def check_widths(tasks: list[str], files: list[list[Path]], episodes: list[list[dict]]) -> None:
+    """Every episode has the widths of the first one, and of its task's environment when the task is one
+    (MetaWorld v3: 39 x 4; toy: 6 x 2)."""
+    from .tasks import env_widths
+
+    ref_path, ref = files[0][0], _widths(episodes[0][0])
+    for task, paths, eps in zip(tasks, files, episodes):
+        env = env_widths(task)
+        for p, ep in zip(paths, eps):
+            w = _widths(ep)
+            if env is not None and w != env:
+                raise BadInputError(f"{p}: observations have {w[0]} columns and actions {w[1]}; the {task} "
+                                    f"environment has {env[0]} and {env[1]}")
+            if w != ref:
+                raise BadInputError(f"{p}: observations have {w[0]} columns and actions {w[1]}, but {ref_path} "
+                                    f"has {ref[0]} and {ref[1]} (every episode needs the same widths)")
 
 
 def load_dataset_dir(root: str | Path, tasks: list[str] | None = None) -> tuple[list[str], list[list[dict]]]:
-    """Read `<root>/<task>/<i>.npz` for the given tasks (default: every sub-folder holding episodes)."""
+    """Read `<root>/<task>/<i>.npz` for the given tasks (default: every sub-folder holding episodes), checked:
+    every file readable, the arrays present, finite and of one length per episode, the same widths across
+    tasks (those of the environment for a known task), at least one episode per task."""
     root = Path(root)
     if not root.is_dir():
         raise BadInputError(f"{root}: not a directory", param="data")
     if tasks is None:
         tasks = sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.npz")))
         if not tasks:
-            raise BadInputError(f"{root}: no <task>/<i>.npz episodes found", param="data")
-    episodes = []
+            hint = ("it holds .npz files itself: give the folder above it (one sub-folder per task)"
+                    if any(root.glob("*.npz")) else None)
+            raise BadInputError(f"{root}: no <task>/<i>.npz episodes found", param="data", hint=hint)
+    files, episodes = [], []
     for t in tasks:
         d = root / t
         if not d.is_dir():
             raise BadInputError(f"{root}: no folder for task {t!r}", param="data")
-        eps = load_task_dir(d)
-        if not eps:
+        loaded = _load_task(d)
+        if not loaded:
             raise BadInputError(f"{d}: no <i>.npz episodes", param="data")
-        episodes.append(eps)
-    dims = {(e["observations"].shape[1], e["actions"].shape[1]) for eps in episodes for e in eps}
-    if len(dims) != 1:
-        raise BadInputError(f"{root}: episodes disagree on (obs_dim, act_dim): {sorted(dims)}", param="data")
+        files.append([p for p, _ in loaded])
+        episodes.append([ep for _, ep in loaded])
+    check_widths(list(tasks), files, episodes)
     return list(tasks), episodes
 
 

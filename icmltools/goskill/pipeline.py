@@ -13,8 +13,11 @@ the numbers it gives inside the chain.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -29,7 +32,7 @@ from icmltools.core.seed import derive
 from . import data as D
 from . import train as TR
 from .collect import collect
-from .config import GoSkillConfig, config_from_dict
+from .config import GoSkillConfig, config_from_dict, with_overrides
 from .evaluate import BCAgent, GoSkillAgent, build_envs, evaluate
 from .models import BCPolicy, HighLevelPolicy, SkillModel
 from .options import BASELINES, DEFAULT_METHODS, METHODS, STAGES
@@ -39,6 +42,7 @@ log = logging.getLogger(__name__)
 
 STATE = "pipeline.json"
 LEGACY_STATE = "config.json"   # run folders written before pipeline.json kept their state here
+PARTIAL_DATA = ".data.partial"   # collection in progress; renamed to data/ when complete
 CKPT = {"skill": "skill.safetensors", "skill_enhanced": "skill_enhanced.safetensors",
         "high_level": "high_level.safetensors", "mtbc": "mtbc.safetensors", "mtbc_rtg": "mtbc_rtg.safetensors"}
 
@@ -48,20 +52,46 @@ def read_state(root: Path) -> dict:
     root = Path(root)
     if not root.is_dir():
         raise BadInputError(f"{root}: not a directory", param="run_dir")
-    for name in (STATE, LEGACY_STATE):
-        p = root / name
-        if not p.exists():
-            continue
-        try:
-            doc = json.loads(p.read_text())
-            cfg = dict(doc["config"])
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadInputError(f"{p}: unreadable goskill state ({e})", param="run_dir") from None
-        return {"config": cfg, "seed": int(doc.get("seed") or 0), "data_dir": doc.get("data_dir"),
-                "tasks": doc.get("tasks"), "path": str(p)}
+    p = root / STATE
+    if p.exists():
+        return _parse_state(_read_json(p, "goskill state"), p)
+    legacy = root / LEGACY_STATE
+    if legacy.exists():
+        doc = _read_json(legacy, "goskill state")
+        if isinstance(doc, dict) and "command" in doc:   # the command's own config.json, not a resume state
+            if doc["command"] != "goskill":
+                raise BadInputError(f"{root}: a run folder of `{doc['command']}`, not of goskill", param="run_dir")
+            raise BadInputError(f"{root}: {STATE} (the resume state) is missing; this folder cannot be resumed",
+                                param="run_dir", hint="start a new run")
+        return _parse_state(doc, legacy)
     what = "empty" if not any(root.iterdir()) else "not a goskill run folder"
     raise BadInputError(f"{root}: no {STATE} ({what})", param="run_dir",
                         hint="start a new run first (it makes the folder), then resume it")
+
+
+def _read_json(p: Path, what: str):
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInputError(f"{p}: unreadable {what} ({str(e).splitlines()[0][:200]})", param="run_dir") from None
+
+
+def _parse_state(doc, p: Path) -> dict:
+    """Check the fields of a resume state (types only; the configuration is checked by config_from_dict)."""
+    def bad(what):
+        return BadInputError(f"{p}: unreadable goskill state ({what})", param="run_dir")
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+        raise bad("no 'config' object")
+    seed = doc.get("seed") or 0
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise bad(f"seed {seed!r} is not an integer >= 0")
+    data_dir, tasks = doc.get("data_dir"), doc.get("tasks")
+    if data_dir is not None and not isinstance(data_dir, str):
+        raise bad(f"data_dir {data_dir!r} is not a path")
+    if tasks is not None and (not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks)):
+        raise bad(f"tasks {tasks!r} is not a list of task names")
+    return {"config": dict(doc["config"]), "seed": seed, "data_dir": data_dir, "tasks": tasks, "path": str(p)}
 
 
 class Run:
@@ -83,8 +113,8 @@ class Run:
     @classmethod
     def open(cls, root, overrides: dict | None = None) -> "Run":
         st = read_state(root)
-        cfg_d = {**st["config"], **{k: v for k, v in (overrides or {}).items() if v is not None}}
-        run = cls(root, config_from_dict(cfg_d, st["path"]), st["seed"], st["data_dir"], st["tasks"])
+        run = cls(root, with_overrides(config_from_dict(st["config"], st["path"]), overrides or {}), st["seed"],
+                  st["data_dir"], st["tasks"])
         if overrides or st["path"].endswith(LEGACY_STATE):
             run.save_state()
         return run
@@ -93,12 +123,30 @@ class Run:
         atomic_write_json(self.root / STATE, {"config": self.cfg.to_dict(), "seed": self.seed,
                                               "data_dir": self.data_dir, "tasks": self.tasks})
 
+    def discard_if_nothing_done(self) -> None:
+        """Remove what this run wrote in its folder when no stage finished (a new run that failed or was
+        interrupted in its first stage): the folder holds nothing to resume from."""
+        with contextlib.suppress(BadInputError):
+            if self.stage_stats():
+                return
+        for name in (STATE, "stages.json", "dataset.json", "evaluation.json"):
+            (self.root / name).unlink(missing_ok=True)
+        for name in ("data", PARTIAL_DATA, "checkpoints"):
+            shutil.rmtree(self.root / name, ignore_errors=True)
+
     def path(self, key: str) -> Path:
         return self.root / "checkpoints" / CKPT[key]
 
     def stage_stats(self) -> dict:
+        """The finished stages and their statistics (stages.json)."""
         p = self.root / "stages.json"
-        return json.loads(p.read_text()) if p.exists() else {}
+        if not p.exists():
+            return {}
+        d = _read_json(p, "stage record")
+        if not isinstance(d, dict) or not set(d) <= set(STAGES):
+            raise BadInputError(f"{p}: unreadable stage record (expected an object keyed by stage name)",
+                                param="run_dir")
+        return d
 
     def record(self, stage: str, stats: dict):
         d = self.stage_stats()
@@ -112,10 +160,16 @@ class Run:
 
     def flat(self) -> D.FlatData:
         if self._fd is None:
+            if not self.data_path.is_dir() and self.data_dir:
+                raise BadInputError(f"{self.data_path}: the dataset this run was started on is gone",
+                                    hint="the run reads it in place: put it back there")
             if not self.data_path.is_dir():
                 raise BadInputError(f"{self.data_path}: no dataset in this run folder",
                                     hint="run the collect stage first (or give a dataset)")
-            tasks, eps = D.load_dataset_dir(self.data_path, self.tasks)
+            try:
+                tasks, eps = D.load_dataset_dir(self.data_path, self.tasks)
+            except BadInputError as e:   # the folder's dataset: no option to name
+                raise BadInputError(e.message, hint=e.hint) from None
             self.tasks = tasks
             eps = D.split_episodes(eps, self.cfg.split)
             if self.cfg.H > min(len(e["rewards"]) for es in eps for e in es):
@@ -125,7 +179,7 @@ class Run:
 
     def backend(self):
         fd = self.flat()
-        return backend_for(fd.tasks, obs_dim=fd.obs.shape[1])
+        return backend_for(fd.tasks, obs_dim=fd.obs.shape[1], act_dim=fd.actions.shape[1])
 
     # ---- models: weights drawn from derive(seed, stage, ..., "init"), the caller's torch state untouched
     def _build(self, factory, *keys):
@@ -154,7 +208,7 @@ class Run:
         p = self.path(key)
         if not p.exists():
             raise BadInputError(f"{p}: missing checkpoint", hint=f"run the {stage_hint} stage first")
-        sd = load_safetensors(p)
+        sd = _checked_tensors(p)
         try:
             model.load_state_dict(sd)
         except RuntimeError as e:
@@ -166,17 +220,35 @@ class Run:
         save_safetensors({k: v.detach().cpu() for k, v in model.state_dict().items()}, self.path(key))
 
 
+def _checked_tensors(p: Path) -> dict:
+    """The tensors of checkpoint `p`; a corrupt file or a non-finite weight is one error naming the file."""
+    sd = load_safetensors(p)
+    for k, v in sd.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise BadInputError(f"{p}: tensor {k!r} has non-finite values")
+    return sd
+
+
 # --------------------------------------------------------------------------------------------- stages
 
 
 def stage_collect(run: Run, progress=None) -> dict:
-    """Scripted experts behind the quality ramp (collect.py), into <root>/data."""
+    """Scripted experts behind the quality ramp (collect.py), into <root>/data. Episodes go to a temporary
+    folder first: <root>/data appears complete or not at all (Ctrl-C, a failure)."""
     if run.data_dir:
         raise BadInputError("this run reads a user dataset; nothing to collect", param="stages")
     cfg = run.cfg
     tasks = resolve_tasks(cfg.tasks)
-    summary = collect(tasks, run.root / "data", episodes=cfg.episodes, max_steps=cfg.max_steps, seed=run.seed,
-                      workers=cfg.workers, progress=progress)
+    tmp, final = run.root / PARTIAL_DATA, run.root / "data"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        summary = collect(tasks, tmp, episodes=cfg.episodes, max_steps=cfg.max_steps, seed=run.seed,
+                          workers=cfg.workers, progress=progress)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     run.tasks = tasks
     run.save_state()
     atomic_write_json(run.root / "dataset.json", summary)
@@ -231,10 +303,12 @@ def stage_policy(run: Run, device, progress=None) -> dict:
 
 def stage_baselines(run: Run, device, progress=None, methods=BASELINES) -> dict:
     """MT-BC and MT-BC-RTG on the same data -> checkpoints/mtbc, mtbc_rtg."""
-    out = {}
+    out, trained = {}, {}
     for name in (m for m in methods if m in BASELINES):
         pol = run.new_bc(rtg=name == "mtbc_rtg")
         out[name] = TR.train_bc(pol, run.flat(), run.cfg, run.seed, device, progress, name=name)
+        trained[name] = pol
+    for name, pol in trained.items():   # saved once every baseline trained: the stage writes all or nothing
         run.save(name, pol)
     return out
 
@@ -292,13 +366,99 @@ def _stage_table(device, methods, progress, eval_episodes) -> dict:
             "evaluate": lambda run: stage_evaluate(run, device, methods, progress, eval_episodes)}
 
 
+# What each stage reads and writes, for the checks before the first stage runs.
+MAKES = {"extract": ("skill",), "enhance": ("skill_enhanced",), "policy": ("high_level",)}  # + baselines: methods
+NEEDS = {"enhance": ("skill",), "policy": ("skill",)}
+EVAL_NEEDS = {"goskill": ("skill_enhanced", "high_level"), "goskill_noenh": ("skill", "high_level"),
+              "mtbc": ("mtbc",), "mtbc_rtg": ("mtbc_rtg",)}
+MADE_BY = {"skill": "extract", "skill_enhanced": "enhance", "high_level": "policy", "mtbc": "baselines",
+           "mtbc_rtg": "baselines"}
+# a finished stage whose inputs a stage re-makes is stale unless it runs again too
+DOWNSTREAM = {"collect": STAGES[1:], "extract": ("enhance", "policy", "evaluate"), "enhance": ("evaluate",),
+              "policy": ("evaluate",), "baselines": ("evaluate",), "evaluate": ()}
+
+
+# configuration fields each stage's output depends on: a resumed run keeps them for the finished stages it keeps
+_SKILL = ("H", "n_codes", "vq_dim", "vq_decay", "commitment", "kmeans_init", "enc_hidden", "enc_layers", "decoder",
+          "dec_hidden", "dec_layers", "dec_heads", "dropout")
+_TRAIN = ("split", "lr", "weight_decay", "warmup", "grad_clip")
+_SCALE = ("max_steps", "rtg_scale")   # the return-to-go scale, and the episode length of the evaluation
+STAGE_FIELDS = {
+    "collect": ("episodes", "max_steps"),
+    "extract": _TRAIN + _SKILL + ("extract_iters", "extract_batch"),
+    "enhance": _TRAIN + _SKILL + ("extract_batch", "enhance_iters", "enhance_per_code"),
+    "policy": _TRAIN + _SKILL + _SCALE + ("hl_hidden", "hl_layers", "hl_heads", "context", "prompt_len",
+                                          "prompt_pool", "conditioning", "policy_iters", "policy_batch", "max_ep_len"),
+    "baselines": _TRAIN + _SCALE + ("bc_iters", "bc_batch", "bc_hidden"),
+}
+
+
+def check_kept_stages(old: GoSkillConfig, new: GoSkillConfig, done, stages) -> None:
+    """A resumed run may change sizes for the stages it runs, not for the finished ones it keeps."""
+    for st, fields in STAGE_FIELDS.items():
+        if st not in done or st in stages:
+            continue
+        for k in fields:
+            a, b = getattr(old, k), getattr(new, k)
+            if a != b:
+                raise BadInputError(f"cannot change {a!r} to {b!r}: the {st} stage of this run folder used {a!r}",
+                                    param=k, hint=f"run {st} again (and the stages after it), or start a new run")
+
+
+def checkpoints_read(stages, methods) -> list[tuple[str, str]]:
+    """(stage, checkpoint) for every checkpoint a requested stage loads that no earlier requested stage makes:
+    it must be in the folder already."""
+    made, out = set(), []
+    for st in stages:
+        needs = [k for m in methods for k in EVAL_NEEDS[m]] if st == "evaluate" else NEEDS.get(st, ())
+        out += [(st, k) for k in dict.fromkeys(needs) if k not in made and k not in {c for _, c in out}]
+        made |= set(MAKES.get(st, ()))
+        if st == "baselines":
+            made |= {m for m in methods if m in BASELINES}
+    return out
+
+
+def _check_checkpoints(run: Run, stages, methods) -> None:
+    """Every checkpoint the stages load from the folder is there, readable and finite."""
+    for st, k in checkpoints_read(stages, methods):
+        if not run.path(k).exists():
+            raise BadInputError(f"{run.path(k)}: missing; the {st} stage needs it",
+                                hint=f"run the {MADE_BY[k]} stage first, or with it")
+        _checked_tensors(run.path(k))
+
+
+def preflight(run: Run, stages, methods) -> None:
+    """Check, before the first requested stage runs, what the stages need: the dataset (read and checked now,
+    not after training), environments for its tasks and widths when evaluating, every checkpoint a stage
+    loads (present, or made by an earlier requested stage), and no finished stage left stale."""
+    if "collect" in stages and run.data_dir:
+        raise BadInputError("this run reads a user dataset; nothing to collect", param="stages")
+    done = run.stage_stats()
+    for st in stages:
+        stale = [d for d in DOWNSTREAM[st] if d in done and d not in stages]
+        if stale:
+            raise BadInputError(f"running {st} again would leave {', '.join(stale)} (already run in this folder) "
+                                f"on the old {'data' if st == 'collect' else st + ' output'}", param="stages",
+                                hint=f"run {', '.join(stale)} again too, or start a new run folder")
+    if "collect" not in stages:
+        if not run.data_dir and "collect" not in done:
+            raise BadInputError(f"{run.root}: the collect stage has not finished in this folder", param="stages",
+                                hint="run it first, or with the other stages")
+        fd = run.flat()
+        if "evaluate" in stages:
+            backend_for(fd.tasks, obs_dim=fd.obs.shape[1], act_dim=fd.actions.shape[1])
+    _check_checkpoints(run, stages, methods)
+
+
 def run_pipeline(run: Run, stages, device, methods=DEFAULT_METHODS, progress=None, timer=None,
                  eval_episodes: int | None = None) -> dict:
-    """Run the requested stages in their canonical order; returns the summary of the run folder."""
+    """Run the requested stages in their canonical order; returns the summary of the run folder. A stage that
+    fails or is interrupted leaves nothing of its own behind (its outputs are written once it is complete)."""
     stages = [s for s in STAGES if s in set(stages)]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise BadInputError(f"unknown method {unknown[0]!r} (use {', '.join(METHODS)})", param="methods")
+    preflight(run, stages, methods)
     table = _stage_table(device, methods, progress, eval_episodes)
     phase_s = {}
     for st in stages:
@@ -329,7 +489,7 @@ def summarize(run: Run, phase_s: dict | None = None) -> dict:
         res["enhance"] = {k: st["enhance"][k] for k in ("action_mse_before", "action_mse_after")}
     ev = run.root / "evaluation.json"
     if "evaluate" in st and ev.exists():
-        res["methods"] = json.loads(ev.read_text())
+        res["methods"] = _read_json(ev, "evaluation record")
     return res
 
 

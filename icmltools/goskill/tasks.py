@@ -214,13 +214,25 @@ def is_toy(tasks) -> bool:
     return bool(tasks) and all(t in ToyEnv.GOALS for t in tasks)
 
 
-def backend_for(tasks: list[str], obs_dim: int | None = None):
-    """The back-end that can run `tasks` (all toy, or all MetaWorld v3), checked against the data's obs size."""
+def env_widths(task: str) -> tuple[int, int] | None:
+    """(observation, action) widths of the environment of `task`, or None when no environment has that name."""
+    if task in ToyEnv.GOALS:
+        return ToyBackend.obs_dim, ToyBackend.act_dim
+    if task.endswith("-v3") and task in set(all_task_names()):
+        return MetaWorldBackend.obs_dim, MetaWorldBackend.act_dim
+    return None
+
+
+def backend_for(tasks: list[str], obs_dim: int | None = None, act_dim: int | None = None):
+    """The back-end that can run `tasks` (all toy, or all MetaWorld v3), checked against the data's widths."""
     if is_toy(tasks):
-        return ToyBackend()
-    check_metaworld_tasks(tasks, what="task {!r} of the dataset is not a MetaWorld v3 task; it cannot be evaluated",
-                          hint="run the training stages only (extract, enhance, policy, baselines)")
-    b = MetaWorldBackend()
-    if obs_dim is not None and obs_dim != b.obs_dim:
-        raise BadInputError(f"dataset observations have {obs_dim} dims; MetaWorld has {b.obs_dim}")
+        b = ToyBackend()
+    else:
+        check_metaworld_tasks(tasks, what="task {!r} of the dataset is not a MetaWorld v3 task; it cannot be "
+                                           "evaluated",
+                              hint="run the training stages only (extract, enhance, policy, baselines)")
+        b = MetaWorldBackend()
+    for what, got, want in (("observations", obs_dim, b.obs_dim), ("actions", act_dim, b.act_dim)):
+        if got is not None and got != want:
+            raise BadInputError(f"dataset {what} have {got} dims; the {b.name} environments have {want}")
     return b

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from icmltools.core.errors import RuntimeFailure
 from icmltools.core.seed import Stream, as_stream, derive
 
 from . import data as D
@@ -26,18 +28,26 @@ def _opt(params, cfg, iters):
     return opt, sched
 
 
-def _fit(params, cfg, iters: int, batch_loss, name: str, progress=None, every: int = 50) -> list[float]:
-    """`iters` optimiser steps on `batch_loss(it)`: AdamW, linear warm-up, gradient clipping. Returns the losses."""
+def _fit(params, cfg, iters: int, batch_loss, name: str, progress=None, every: int = 50,
+         stage: str | None = None) -> list[float]:
+    """`iters` optimiser steps on `batch_loss(it)`: AdamW, linear warm-up, gradient clipping. Returns the losses.
+    A loss that is not finite stops training with a `RuntimeFailure` naming `stage` (default `name`) and the
+    step, before that step updates the weights."""
     opt, sched = _opt(params, cfg, iters)
     losses = []
     for it in range(iters):
         loss = batch_loss(it)
+        value = loss.item()
+        if not math.isfinite(value):
+            raise RuntimeFailure(f"{stage or name}: the training loss became {value} at step {it + 1} of {iters}; "
+                                 "nothing of this stage was saved",
+                                 hint="check the data for extreme values, or try another seed or smaller sizes")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
         opt.step()
         sched.step()
-        losses.append(loss.item())
+        losses.append(value)
         if progress and (it % every == 0 or it == iters - 1):
             progress(name, it + 1, iters)
     return losses
@@ -217,7 +227,8 @@ def train_bc(policy: BCPolicy, fd: D.FlatData, cfg, seed, device, progress=None,
         return F.mse_loss(policy(st, _t(fd.task_id[idx], device), rtg), a)
 
     with _dropout_stream(s, device):
-        losses = _fit(list(policy.parameters()), cfg, cfg.bc_iters, batch_loss, name, progress, every=100)
+        losses = _fit(list(policy.parameters()), cfg, cfg.bc_iters, batch_loss, name, progress, every=100,
+                      stage=f"baselines ({name})")
     return _summary(cfg.bc_iters, losses)
 
 
