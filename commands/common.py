@@ -65,8 +65,8 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
         return fn()
     except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
         raise
-    except KeyboardInterrupt:
-        err = click.ClickException("interrupted (nothing was written)")
+    except KeyboardInterrupt as e:
+        err = click.ClickException(getattr(e, "note", None) or "interrupted (nothing was written)")
         err.exit_code = 130
         raise err from None
     except IcmlError as e:
@@ -477,24 +477,27 @@ class CommandRun:
 
         return __version__
 
-    def _finish_dir(self, ok: bool, interrupted: bool = False) -> None:
+    def _finish_dir(self, ok: bool, interrupted: bool = False) -> str | None:
+        """Write result.json on success; after a failure remove what this run created (see make_dir).
+        Returns the line to show when an interrupted run's folder is kept."""
         if self.run_dir is None:
-            return
+            return None
         if ok:
             from icmltools.core.jsonio import atomic_write_json
 
             atomic_write_json(self.run_dir / "result.json", self.result)
             self.artifacts["result"] = str(self.run_dir / "result.json")
-            return
+            return None
         if not self._made_dir or not self.run_dir.exists():
-            return
+            return None
         import shutil
 
         left = {p.name for p in self.run_dir.iterdir()}
         if interrupted and getattr(self, "_resumable", False) and left - {"config.json"}:
-            self.console.print(f"interrupted: partial run kept in {self.run_dir} (resume from it)", highlight=False)
-        elif interrupted or left <= {"config.json"}:
+            return f"interrupted: the partial run is kept in {self.run_dir} (resume from it)"
+        if interrupted or left <= {"config.json"}:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+        return None
 
     # ---- the summary a person reads
     def table(self, title: str, columns: list[str], rows: list[list]) -> None:
@@ -542,7 +545,9 @@ class CommandRun:
                 self._write(text + "\n")
             else:
                 self._restore_stdout()
-                self._finish_dir(ok=False, interrupted=issubclass(exc_type, KeyboardInterrupt))
+                note = self._finish_dir(ok=False, interrupted=issubclass(exc_type, KeyboardInterrupt))
+                if note:  # the one line the user sees names the kept folder
+                    exc.note = note
         finally:
             if self._out_owned:
                 with contextlib.suppress(Exception):

@@ -89,7 +89,7 @@ def test_unwritable_output_file_names_the_users_path(in_tmp, check_bad_input):
 
 # Ctrl-C: a real SIGINT in a subprocess, once the command is well into its work.
 INTERRUPT = {
-    "fope-train": ["fope-train", "--threads", "1"],
+    "fope-train": ["fope-train", "--threads", "1", "--no-save"],  # with checkpoints the folder is kept (resumable)
     "negmerge": ["negmerge", "--threads", "1"],
     "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--extract-iters", "100000"],
 }

@@ -238,3 +238,24 @@ def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "1"]
+
+
+def test_interrupted_resumable_run_keeps_its_work_and_says_where(tmp_path):
+    @common.command("ir")
+    @click.option("--out", default=None)
+    @click.option("--work/--no-work", default=True)
+    @common.standard_options(seed=False)
+    @click.pass_context
+    def ir(ctx, out, work, quiet, verbose):
+        with common.CommandRun(ctx, "ir", packages=()) as run:
+            d = run.make_dir(out, resumable=True)
+            if work:
+                (d / "ckpt.bin").write_bytes(b"x")
+            raise KeyboardInterrupt
+
+    r = _invoke(ir, ["-q", "--out", str(tmp_path / "k")])
+    assert r.exit_code == 130 and (tmp_path / "k" / "ckpt.bin").exists()
+    assert r.stderr.strip() == f"Error: interrupted: the partial run is kept in {tmp_path / 'k'} (resume from it)"
+    r = _invoke(ir, ["-q", "--no-work", "--out", str(tmp_path / "n")])
+    assert r.exit_code == 130 and not (tmp_path / "n").exists()
+    assert r.stderr.strip() == "Error: interrupted (nothing was written)"
