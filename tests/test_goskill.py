@@ -786,8 +786,7 @@ def test_ctrl_c_keeps_finished_stages_to_resume_and_nothing_else(tmp_path):
     code, err, dt = _interrupt(tmp_path, ["--tasks", "toy-a,toy-b", "--out", "r", "--extract-iters", "1000000"],
                                lambda: (r / "stages.json").exists())
     assert code == 130 and dt < 15, err
-    assert err.strip().splitlines() == ["interrupted: partial run kept in r (resume from it)",
-                                        "Error: interrupted (nothing was written)"]
+    assert err.strip() == "Error: interrupted: the partial run is kept in r (resume from it)"
     assert json.loads((r / "stages.json").read_text()).keys() == {"collect"}
     assert sorted(p.name for p in r.iterdir()) == ["config.json", "data", "dataset.json", "pipeline.json",
                                                    "stages.json"]
