@@ -15,5 +15,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "goskill": ("goskill", "GO-Skill offline multi-task RL on MetaWorld: collect, skills, policy, evaluate."),
     "lowrank": ("lowrank", "Low-rank Swish networks: error vs compute on smooth targets, tabular CV, SVD compression of checkpoints."),
     "shap-pay": ("shap_pay", "M^Shap reciprocally fair federated-learning payments: Shapley payments and equilibria vs M0."),
+    "guidedquant": ("guidedquant", "GuidedQuant end-loss-guided quantization with LNQ vs RTN, GPTQ and SqueezeLLM k-means, 2-4 bits."),
     "kpass": ("kpass", "Advantages for pass@k / majority-vote RL training (leave-one-out), as a JSONL transform, checks, demo."),
 }

@@ -100,8 +100,10 @@ def quantize(model, data, qcfg: QuantConfig, ccfg: CalibConfig, device: str, see
     """Run every method and bit width; returns (result dict, {(method, bits): layer outputs})."""
     validate(qcfg, ccfg)
     calib_w, eval_w = models.windows(data, ccfg, seed)
-    fp_loss = _check_finite(stats.eval_loss(model, eval_w, device, ccfg.chunk), "the FP validation loss")
-    runs, calib_loss = _quantize_all(model, calib_w, qcfg, ccfg, device, progress)
+    runs, calib_loss = _quantize_all(model, calib_w, qcfg, ccfg, device, progress)  # refuses NaN gradients first
+    fp_loss = stats.eval_loss(model, eval_w, device, ccfg.chunk)
+    if not torch.isfinite(torch.tensor(fp_loss)):
+        raise BadInputError("the model's validation loss is not finite", param="model")
     rows = []
     for (m, b), layers in runs.items():
         end = _check_finite(stats.eval_loss(_with_weights(model, layers), eval_w, device, ccfg.chunk),
