@@ -91,7 +91,8 @@ def test_unwritable_output_file_names_the_users_path(in_tmp, check_bad_input):
 INTERRUPT = {
     "fope-train": ["fope-train", "--threads", "1", "--no-save"],  # with checkpoints the folder is kept (resumable)
     "negmerge": ["negmerge", "--threads", "1"],
-    "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--extract-iters", "100000"],
+    # interrupted during collection (no stage finished: nothing kept; a finished stage keeps the folder, resumable)
+    "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--episodes", "100000"],
 }
 
 
@@ -101,7 +102,8 @@ def test_ctrl_c_stops_at_once_and_writes_nothing(name, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
     env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
     p = subprocess.Popen([sys.executable, "-m", "icmltools", *INTERRUPT[name]], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path,  # a background job ignores SIGINT:
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # give the child the default
     time.sleep(6)
     assert p.poll() is None, "finished before the signal"
     t0 = time.perf_counter()
