@@ -2,6 +2,7 @@
 import json
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -10,7 +11,9 @@ from icmltools.core.errors import BadInputError
 from icmltools.taskvec import (
     CheckpointWriter,
     MemoryReader,
+    all_finite,
     check_compatible,
+    count_non_finite,
     open_checkpoint,
     read_record,
     write_state_dict,
@@ -236,3 +239,58 @@ def test_empty_state_dict_is_a_clear_error(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "empty_sd.pt")
     with pytest.raises(BadInputError, match="empty_sd.pt: the state_dict holds no tensor"):
         open_checkpoint(tmp_path / "empty_sd.pt")
+
+
+# --------------------------------------------------------------------------------------------- content, finiteness
+
+
+def test_files_open_by_content_not_suffix(tmp_path):
+    """A safetensors file under a .pt name opens; a torch file under a .safetensors name (torch.load reads
+    that suffix as safetensors), a JSON file (the record next to a checkpoint) or unknown bytes under a
+    torch name are clear errors."""
+    sd = _sd()
+    write_state_dict(sd, tmp_path / "st.safetensors")
+    (tmp_path / "st_named.pt").write_bytes((tmp_path / "st.safetensors").read_bytes())
+    torch.save(sd, tmp_path / "pt_named.safetensors")
+    r = open_checkpoint(tmp_path / "st_named.pt")
+    assert r.format == "safetensors" and _same(sd, r)
+    (tmp_path / "junk.bin").write_bytes(b"junk" * 10)
+    cases = {"st.safetensors.json": "a JSON file, not a checkpoint (the record written next to a checkpoint",
+             "junk.bin": "not a torch checkpoint (neither a zip archive nor a pickle)",
+             "pt_named.safetensors": "a torch checkpoint under a .safetensors name; rename it to .pt"}
+    for name, msg in cases.items():
+        with pytest.raises(BadInputError, match=re.escape(msg)):
+            open_checkpoint(tmp_path / name)
+
+
+def test_torch_refusals_say_why(tmp_path):
+    """A code-carrying pickle names what torch's weights-only load met (not torch's paragraph about
+    defaults); a truncated zip checkpoint says its archive is incomplete (was 'Invalid argument')."""
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"w": Evil()}, tmp_path / "evil_zip.pt")
+    with pytest.raises(BadInputError, match=r"refused to load.*GLOBAL posix.system") as ei:
+        open_checkpoint(tmp_path / "evil_zip.pt")
+    assert "PyTorch 2.6" not in str(ei.value)
+    torch.save(_sd(), tmp_path / "ok.pt")
+    raw = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "trunc.pt").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(BadInputError, match=r"trunc.pt: corrupt or truncated torch checkpoint \(its zip archive"):
+        open_checkpoint(tmp_path / "trunc.pt")
+
+
+def test_all_finite_is_exact():
+    """One sum decides when it is finite; an overflowing sum of finite values falls back to the exact test."""
+    assert all_finite(torch.zeros(0)) and all_finite(torch.randn(100))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for dt in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+            t = torch.ones(50, dtype=dt)
+            t[17] = bad
+            assert not all_finite(t), (bad, dt)
+            assert count_non_finite(t) == 1
+    big = torch.full((1000,), 3e38)  # finite, but the float32 sum overflows
+    assert all_finite(big) and all_finite(torch.full((10,), 60000.0, dtype=torch.float16))
+    assert not all_finite(torch.tensor([1.0, float("nan")]).to(torch.float8_e5m2))
+    assert all_finite(torch.ones(4).to(torch.float8_e4m3fn))

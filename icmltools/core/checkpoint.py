@@ -18,6 +18,30 @@ SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 
 
+def _weights_only_reason(msg: str) -> str:
+    """The informative line of torch's weights-only refusal (which global or opcode it met), without the
+    paragraph about PyTorch 2.6 defaults around it."""
+    import re
+
+    for line in msg.splitlines():
+        line = line.strip()
+        if re.search(r"GLOBAL|Unsupported|not an allowed|unsupported", line) and "weights_only" not in line:
+            return line.rstrip(".")[:200]
+    return "it holds objects other than tensors and plain containers"
+
+
+def _damaged_zip(p: Path) -> bool:
+    """A file that starts as a zip archive (torch's format) but has no readable end record: truncated."""
+    import zipfile
+
+    try:
+        with open(p, "rb") as fh:
+            magic = fh.read(4)
+        return magic == b"PK\x03\x04" and not zipfile.is_zipfile(p)
+    except OSError:
+        return False
+
+
 def safe_torch_load(path: str | os.PathLike, map_location: str = "cpu") -> Any:
     """`torch.load` with `weights_only=True`; corrupt or code-carrying pickles raise `BadInputError`."""
     import pickle
@@ -25,11 +49,14 @@ def safe_torch_load(path: str | os.PathLike, map_location: str = "cpu") -> Any:
     import torch
 
     p = check_input_file(path)
+    if _damaged_zip(p):
+        raise BadInputError(f"{p}: corrupt or truncated torch checkpoint (its zip archive is incomplete)")
     try:
         return torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         raise BadInputError(
-            f"{p}: refused to load: the pickle needs arbitrary code or globals ({str(e).splitlines()[0][:200]})",
+            f"{p}: refused to load: the pickle needs code or globals that a weights-only load does not allow "
+            f"({_weights_only_reason(str(e))})",
             hint="re-save the checkpoint as a plain state_dict or as .safetensors",
         ) from e
     except (RuntimeError, EOFError, ValueError, OSError, KeyError, AttributeError, TypeError) as e:

@@ -4,6 +4,8 @@ they share (:mod:`~icmltools.taskvec.formats`). Importing it loads no torch; ten
 from .formats import (
     OUTPUT_FORMATS,
     TensorSpec,
+    all_finite,
+    count_non_finite,
     default_output_name,
     is_float_dtype,
     read_record,
@@ -23,7 +25,7 @@ from .readers import (
 from .writers import CheckpointWriter, write_state_dict
 
 __all__ = [
-    "OUTPUT_FORMATS", "TensorSpec", "default_output_name", "is_float_dtype", "read_record", "resolve_output_format",
+    "OUTPUT_FORMATS", "TensorSpec", "all_finite", "count_non_finite", "default_output_name", "is_float_dtype", "read_record", "resolve_output_format",
     "sidecar_path", "CheckpointReader", "MemoryReader", "SafetensorsReader", "ShardedReader", "TorchReader",
     "check_compatible", "iter_tensors", "open_checkpoint", "CheckpointWriter", "write_state_dict",
 ]

@@ -314,26 +314,48 @@ class MemoryReader(CheckpointReader):
 # --------------------------------------------------------------------------------------------- opening, checks
 
 
+def sniff(path: Path) -> str | None:
+    """What a file holds, from its first bytes: "safetensors" (a u64 header length, then '{'), "torch" (a zip
+    archive or a pickle), "json", or None (unknown, or too short to tell)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError as e:
+        raise BadInputError(f"{path}: cannot read ({e.strerror or e})") from e
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "safetensors"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return "torch"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "json"
+    return None
+
+
 def open_checkpoint(path: str | os.PathLike) -> CheckpointReader:
-    """Open a checkpoint (file or HF folder) for lazy per-tensor reading."""
+    """Open a checkpoint (file or HF folder) for lazy per-tensor reading. A file is read as what its first
+    bytes say it is (a .safetensors file saved under a .pt name works; a torch file under a .safetensors name is
+    refused with a hint); content that no reader recognises is a clear error (a JSON file, e.g. the record
+    next to a checkpoint, says so)."""
     p = Path(path)
     if not p.exists():
         raise BadInputError(f"{p}: no such file or folder")
     if p.is_dir():
         return ShardedReader(p)
-    if p.suffix in SAFETENSORS_SUFFIXES:
-        return SafetensorsReader(p)
-    if p.suffix in TORCH_SUFFIXES:
+    kind = sniff(p)
+    if kind == "json":
+        record = p.name.endswith(tuple(s + ".json" for s in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES))
+        raise BadInputError(f"{p}: a JSON file, not a checkpoint" +
+                            (" (the record written next to a checkpoint: give the checkpoint itself)" if record else ""))
+    if kind == "safetensors" or kind is None and p.suffix in SAFETENSORS_SUFFIXES:
+        return SafetensorsReader(p)  # unrecognised content: the reader says what is wrong with the header
+    if kind == "torch" and p.suffix in SAFETENSORS_SUFFIXES:  # torch.load itself reads that suffix as safetensors
+        raise BadInputError(f"{p}: a torch checkpoint under a .safetensors name; rename it to .pt")
+    if kind == "torch":
         return TorchReader(p)
-    # unknown suffix: sniff the safetensors header (u64 length then '{'), else try torch
-    try:
-        with open(p, "rb") as fh:
-            head = fh.read(9)
-    except OSError as e:
-        raise BadInputError(f"{p}: cannot read ({e})") from e
-    if len(head) == 9 and head[8:9] == b"{":
-        return SafetensorsReader(p)
-    return TorchReader(p)
+    check_input_file(p)  # an empty or unreadable file says so
+    what = "a torch checkpoint (neither a zip archive nor a pickle)" if p.suffix in TORCH_SUFFIXES else \
+        "a checkpoint (neither safetensors nor a torch file)"
+    raise BadInputError(f"{p}: not {what}")
 
 
 def check_compatible(base: CheckpointReader, other: CheckpointReader) -> None:
