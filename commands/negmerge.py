@@ -59,6 +59,9 @@ DC = options.DemoConfig
 @click.option("--format", "out_format", type=click.Choice(options.FORMATS), default="same",
               help="Output checkpoint format; 'same' keeps the base's.")
 @click.option("--per-tensor", is_flag=True, help="Report the kept fraction of every tensor.")
+@click.option("--allow-non-finite", is_flag=True,
+              help="Merge checkpoints holding NaN/inf (refused by default, naming the file and tensor); each is "
+                   "listed in the result, and a non-finite output is still refused.")
 @click.option("--methods", "methods", type=common.CommaList(options.DEMO_METHODS),
               default=",".join(DC.methods), help="Demo: merges shown next to task arithmetic best/median.")
 @click.option("--preset", type=click.Choice(options.PRESETS), default=options.DEFAULT_PRESET,
@@ -74,8 +77,8 @@ DC = options.DemoConfig
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
 def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_timeout, retain_ratio, patience,
-        ties_k, dare_p, out_format, per_tensor, methods, preset, n_seeds, pool, export_demo, seed, device, threads,
-        quiet, verbose, out):
+        ties_k, dare_p, out_format, per_tensor, allow_non_finite, methods, preset, n_seeds, pool, export_demo, seed,
+        device, threads, quiet, verbose, out):
     """Unlearn by negating a merged task vector: NegMerge (Kim et al., ICML 2025) and baselines.
 
     Task vectors tau_i = theta_i - theta_pre of N models fine-tuned on the forget set are merged
@@ -88,7 +91,7 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
     27 candidates) and reports forget/retain/test accuracy, MIA-efficacy and Avg.Gap to retrain for
     original, retrain, task arithmetic (best and median candidate), NegMerge, uniform, TIES and MagMax.
     """
-    _check_usage(base, candidates, lam, lam_grid, eval_cmd, pool, export_demo)
+    _check_usage(ctx, base, candidates, lam, lam_grid, eval_cmd)
     with common.CommandRun(ctx, "negmerge", seed=seed, device=device, threads=threads,
                            reference=options.REFERENCE) as run:
         if base is None:
@@ -98,27 +101,40 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
             _files(run, base, candidates, dict(method=method, index=ta_index, ties_k=ties_k, dare_p=dare_p, seed=seed,
                                                out_format=out_format, lam=lam, lam_grid=lam_grid, eval_cmd=eval_cmd,
                                                eval_timeout=eval_timeout, retain_ratio=retain_ratio,
-                                               patience=patience), per_tensor, out)
+                                               patience=patience, allow_non_finite=allow_non_finite),
+                   per_tensor, out)
 
 
-def _check_usage(base, candidates, lam, lam_grid, eval_cmd, pool, export_demo) -> None:
-    """Options that conflict, or that the chosen mode needs, as usage errors (exit 2)."""
+# options of one mode only: given in the other, they would be silently ignored
+FILE_ONLY = ("method", "ta_index", "eval_cmd", "eval_timeout", "out_format", "per_tensor", "allow_non_finite")
+DEMO_ONLY = ("methods", "preset", "n_seeds", "pool", "export_demo")
+
+
+def _check_usage(ctx, base, candidates, lam, lam_grid, eval_cmd) -> None:
+    """Options that conflict, that the chosen mode needs, or that it would ignore, as usage errors (exit 2)."""
+    given = [p for p in ctx.command.params
+             if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
     if lam is not None and lam_grid is not None:
         raise click.UsageError("give either --lam or --lam-grid, not both")
     if base is None:
         if candidates:
             raise click.UsageError("--candidate needs --base (without --base the embedded demo runs)")
+        for p in given:
+            if p.name in FILE_ONLY:
+                raise click.UsageError(f"{p.opts[-1]} applies to merges of your checkpoints only (with --base)")
         return
-    if pool is not None:
-        raise click.UsageError("--pool applies to the embedded demo only (not with --base)")
-    if export_demo is not None:
-        raise click.UsageError("--export-demo applies to the embedded demo only (not with --base)")
+    for p in given:
+        if p.name in DEMO_ONLY:
+            raise click.UsageError(f"{p.opts[-1]} applies to the embedded demo only (not with --base)")
     if not candidates:
         raise click.UsageError("give the fine-tuned checkpoints with -c/--candidate (repeat it)")
     if lam is None and lam_grid is None:
         raise click.UsageError("give --lam, or --lam-grid with --eval-cmd (e.g. --lam 1.0)")
     if lam_grid is not None and eval_cmd is None:
         raise click.UsageError("--lam-grid on your checkpoints needs --eval-cmd (the built-in evaluator is the demo's)")
+    if lam is not None and eval_cmd is not None:
+        raise click.UsageError("--eval-cmd evaluates the checkpoints of a --lam-grid search; with a fixed --lam "
+                               "nothing is evaluated (run your evaluation on the output)")
 
 
 def _demo(run, opts: dict, n_seeds: int, export_demo, out) -> None:

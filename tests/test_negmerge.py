@@ -2,6 +2,8 @@
 import json
 import os
 import pickle
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -535,3 +537,349 @@ def test_cli_usage_errors_name_the_flags(tmp_path, run_cli):
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("Error:") and msg in lines[0], (msg, res.stderr)
         assert not (tmp_path / "run").exists()
+
+
+# --------------------------------------------------------------------------------------------- reliability (issue 19)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """Every bad input of BAD_INPUTS, built once; each test sees it as `in/` of its own working folder."""
+    d = tmp_path_factory.mktemp("negmerge_inputs")
+    base, cands = _models(n=3)
+    write_state_dict(base, d / "base.safetensors")
+    for i, c in enumerate(cands):
+        write_state_dict(c, d / f"c{i}.safetensors")
+
+    def variant(src: dict, name: str, **change):
+        sd = dict(src)
+        for k, v in change.items():
+            if v is None:
+                sd.pop(k.replace("__", "."))
+            else:
+                sd[k.replace("__", ".")] = v
+        write_state_dict(sd, d / name)
+
+    nan_w = base["a.w"].clone()
+    nan_w[0, 0] = float("nan")
+    variant(base, "nan_base.safetensors", a__w=nan_w)
+    inf_b = cands[0]["a.b"].clone()
+    inf_b[1] = float("inf")
+    variant(cands[0], "inf_cand.safetensors", a__b=inf_b)
+    ninf_h = cands[1]["h"].clone()
+    ninf_h[0, 0] = -float("inf")
+    variant(cands[1], "ninf_h.safetensors", h=ninf_h)
+    variant(cands[0], "int_cand.safetensors", a__w=cands[0]["a.w"].to(torch.int32))
+    variant(cands[0], "half_cand.safetensors", a__w=cands[0]["a.w"].half())
+    variant(cands[0], "missing_key.safetensors", a__b=None)
+    variant(cands[0], "extra.safetensors", extra__w=torch.zeros(2))
+    variant(cands[0], "shape.safetensors", a__b=torch.zeros(4))
+    for name, sd in [("half_base", base), ("half_c0", cands[0]), ("half_c1", cands[1])]:
+        write_state_dict({k: v.half() if v.is_floating_point() else v for k, v in sd.items()}, d / f"{name}.safetensors")
+    raw = (d / "c1.safetensors").read_bytes()
+    (d / "trunc.safetensors").write_bytes(raw[:-9])
+    (d / "junk.safetensors").write_bytes(b"\xff" * 64)
+    (d / "empty.safetensors").write_bytes(b"")
+    (d / "junk.bin").write_bytes(b"junk" * 16)
+    for fmt, ext, prefix in (("torch", ".pt", ""), ("hf_safetensors", "", "hf_"), ("hf_torch", "", "hfpt_")):
+        shards = [["a.w", "a.b"], ["bn.num_batches_tracked", "h"]] if fmt.startswith("hf") else None
+        write_state_dict(base, d / f"{prefix}base{ext}", fmt=fmt, shards=shards)
+        for i in range(2):
+            write_state_dict(cands[i], d / f"{prefix}c{i}{ext}", fmt=fmt, shards=shards)
+    raw = (d / "c0.pt").read_bytes()
+    (d / "trunc.pt").write_bytes(raw[: len(raw) // 2])
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    (d / "evil.pt").write_bytes(pickle.dumps({"state_dict": {"a.w": Evil()}}))
+    torch.save({"a.w": Evil()}, d / "evil_zip.pt")
+    shutil.copytree(d / "hf_c0", d / "hf_missing")
+    (d / "hf_missing" / "model-00002-of-00002.safetensors").unlink()
+    (d / "hf_empty").mkdir()
+    (d / "hf_empty" / "config.json").write_text("{}")
+    (d / "afile").write_text("a regular file")
+    (d / "evok.py").write_text("import json\nprint(json.dumps({'forget_acc': 0.5, 'retain_acc': 0.9}))\n")
+    (d / "evnan.py").write_text("import json\nprint(json.dumps({'forget_acc': float('nan'), 'retain_acc': 0.9}))\n")
+    (d / "evfail.py").write_text("import sys\nprint('loading', file=sys.stderr)\n"
+                                 "print('boom: cannot read the model', file=sys.stderr)\nsys.exit(3)\n")
+    (d / "evfail_lam.py").write_text("import json, sys\nif not sys.argv[1].endswith('in/base.safetensors'):\n"
+                                     "    sys.exit('no good at this lambda')\n"
+                                     "print(json.dumps({'forget_acc': 0.5, 'retain_acc': 0.9}))\n")
+    (d / "evkill.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    return d
+
+
+B = ["--base", "in/base.safetensors"]
+C3 = ["-c", "in/c0.safetensors", "-c", "in/c1.safetensors", "-c", "in/c2.safetensors"]
+PY = sys.executable
+
+
+def _cands(*names):
+    return [a for n in names for a in ("-c", f"in/{n}")]
+
+
+def _grid(script, grid="0:1:0.5"):
+    return ["--lam-grid", grid, "--eval-cmd", f"{PY} in/{script}"]
+
+
+def _row(id_, argv, code, msg):
+    return pytest.param(argv, code, msg, id=id_)
+
+
+BAD_INPUTS = [
+    # lambda: non-finite values are usage errors (the shared float check); finite ones too large for the
+    # dtype turn the output non-finite: a runtime failure naming the tensor, nothing written, any format
+    *[_row(f"lam {v}", [*B, *C3, "--lam", v], 2, "'--lam': must be a finite number") for v in ("nan", "inf", "-inf")],
+    _row("retain-ratio nan", [*B, *C3, *_grid("evok.py"), "--retain-ratio", "nan"], 2, "must be a finite number"),
+    _row("lam-grid inf", [*B, *C3, *_grid("evok.py", "0,inf")], 2, "--lam-grid: '0,inf': values must be finite"),
+    _row("lam-grid overflowing stop", [*B, *C3, *_grid("evok.py", "0:1e400:1")], 2, "values must be finite"),
+    _row("lam-grid overflowing count", [*B, *C3, *_grid("evok.py", "0:1:1e-320")], 2, "more than 10000 points"),
+    *[_row(f"lam 1e300 {fmt}", ["--base", f"in/{p}base{x}", *_cands(f"{p}c0{x}", f"{p}c1{x}"), "--lam", "1e300",
+                                "--out", "run"], 1,
+           "--lam: tensor 'a.w': theta_pre - lambda * tau is not finite in float32 at lambda = 1e+300 "
+           "(lambda too large for the dtype?); nothing written")
+      for fmt, p, x in (("safetensors", "", ".safetensors"), ("torch", "", ".pt"), ("hf_safetensors", "hf_", ""),
+                        ("hf_torch", "hfpt_", ""))],
+    _row("lam -1e300 no --out", [*B, *C3, "--lam", "-1e300"], 1, "not finite in float32 at lambda = -1e+300"),
+    _row("lam 1e300 --format torch", [*B, *C3, "--lam", "1e300", "--format", "torch"], 1, "not finite in float32"),
+    _row("float16 overflow", ["--base", "in/half_base.safetensors", *_cands("half_c0.safetensors", "half_c1.safetensors"),
+                              "--lam", "1e6"], 1, "not finite in float16 at lambda = 1e+06"),
+    _row("lam-grid 1e300", [*B, *C3, *_grid("evok.py", "0,1e300"), "--out", "run"], 1,
+         "--lam-grid: tensor 'a.w': theta_pre - lambda * tau is not finite in float32 at lambda = 1e+300"),
+    # non-finite tensors in the inputs: refused with the file and tensor named, with every method
+    _row("nan in base", ["--base", "in/nan_base.safetensors", *C3, "--lam", "1"], 2,
+         "--allow-non-finite: in/nan_base.safetensors: tensor 'a.w' holds 1 NaN/inf value (of 30); non-finite "
+         "inputs are refused unless allowed"),
+    *[_row(f"inf in candidate {m}", [*B, *_cands("inf_cand.safetensors", "c1.safetensors", "c2.safetensors"),
+                                     "--method", m, "--ta-index", "0", "--lam", "1"], 2,
+           "in/inf_cand.safetensors: tensor 'a.b' holds 1 NaN/inf value (of 5)") for m in M.METHODS],
+    _row("-inf in a bfloat16 tensor", [*B, *_cands("c0.safetensors", "ninf_h.safetensors"), "--lam", "1"], 2,
+         "in/ninf_h.safetensors: tensor 'h' holds 1 NaN/inf value (of 18)"),
+    _row("nan in base, lambda grid", ["--base", "in/nan_base.safetensors", *C3, *_grid("evok.py")], 2,
+         "in/nan_base.safetensors: tensor 'a.w' holds 1 NaN/inf"),
+    _row("allowed inf reaching the output", [*B, *_cands("inf_cand.safetensors", "c1.safetensors"), "--method",
+                                             "uniform", "--lam", "1", "--allow-non-finite", "--out", "run"], 1,
+         "--allow-non-finite: tensor 'a.b' of the output would hold NaN/inf at lambda = 1: the non-finite input "
+         "values let in reach it; nothing written"),
+    # mismatches between base and candidates
+    _row("integer tensor", [*B, *_cands("c0.safetensors", "int_cand.safetensors"), "--lam", "1"], 2,
+         "in/int_cand.safetensors: tensor 'a.w' has dtype int32, the base has float32"),
+    _row("dtype", [*B, *_cands("c0.safetensors", "half_cand.safetensors"), "--lam", "1"], 2,
+         "tensor 'a.w' has dtype float16, the base has float32"),
+    _row("missing key", [*B, *_cands("c0.safetensors", "missing_key.safetensors"), "--lam", "1"], 2,
+         "in/missing_key.safetensors: tensor 'a.b' of the base in/base.safetensors is missing"),
+    _row("extra key", [*B, *_cands("c0.safetensors", "extra.safetensors"), "--lam", "1"], 2,
+         "tensor 'extra.w' is not in the base"),
+    _row("shape", [*B, *_cands("c0.safetensors", "shape.safetensors"), "--lam", "1"], 2,
+         "tensor 'a.b' has shape [4], the base has [5]"),
+    # corrupt, unreadable or mistaken files
+    _row("truncated safetensors", [*B, *_cands("c0.safetensors", "trunc.safetensors"), "--lam", "1"], 2,
+         "in/trunc.safetensors: corrupt or truncated safetensors file"),
+    _row("junk safetensors", [*B, *_cands("c0.safetensors", "junk.safetensors"), "--lam", "1"], 2,
+         "in/junk.safetensors: corrupt or truncated safetensors file"),
+    _row("empty file", [*B, *_cands("c0.safetensors", "empty.safetensors"), "--lam", "1"], 2,
+         "in/empty.safetensors: file is empty"),
+    _row("truncated torch zip", [*B, *_cands("c0.safetensors", "trunc.pt"), "--lam", "1"], 2,
+         "in/trunc.pt: corrupt or truncated torch checkpoint (its zip archive is incomplete)"),
+    _row("pickle with code", [*B, *_cands("c0.safetensors", "evil.pt"), "--lam", "1"], 2,
+         "in/evil.pt: refused to load"),
+    _row("zip pickle with code", [*B, *_cands("c0.safetensors", "evil_zip.pt"), "--lam", "1"], 2,
+         "in/evil_zip.pt: refused to load: the pickle needs code or globals that a weights-only load does not "
+         "allow (Trying to load unsupported GLOBAL posix.system"),
+    _row("unknown bytes", [*B, *_cands("c0.safetensors", "junk.bin"), "--lam", "1"], 2,
+         "in/junk.bin: not a torch checkpoint (neither a zip archive nor a pickle)"),
+    _row("the JSON record as a checkpoint", [*B, *_cands("c0.safetensors", "c1.safetensors.json"), "--lam", "1"], 2,
+         "in/c1.safetensors.json: a JSON file, not a checkpoint (the record written next to a checkpoint"),
+    _row("HF folder missing a shard", [*B, *_cands("c0.safetensors", "hf_missing"), "--lam", "1"], 2,
+         "in/hf_missing/model-00002-of-00002.safetensors: shard listed in the index is missing"),
+    _row("folder without weights", [*B, *_cands("c0.safetensors", "hf_empty"), "--lam", "1"], 2,
+         "in/hf_empty: folder has none of"),
+    _row("missing file", [*B, *_cands("c0.safetensors", "nope.safetensors"), "--lam", "1"], 2,
+         "in/nope.safetensors: no such file or folder"),
+    _row("base as a candidate", [*B, *_cands("c0.safetensors", "base.safetensors"), "--lam", "1"], 2,
+         "--candidate: in/base.safetensors: is the base itself (its task vector is zero)"),
+    _row("candidate twice", [*B, "-c", "in/c0.safetensors", "-c", "./in/c0.safetensors", "--lam", "1"], 2,
+         "--candidate: ./in/c0.safetensors: given twice (also as in/c0.safetensors)"),
+    _row("one candidate", [*B, "-c", "in/c0.safetensors", "--lam", "1"], 2, "at least 2 candidates"),
+    # options of the other mode, or that would be ignored
+    _row("--allow-non-finite in the demo", ["--allow-non-finite"], 2,
+         "--allow-non-finite applies to merges of your checkpoints only (with --base)"),
+    _row("--method in the demo", ["--method", "ties"], 2, "--method applies to merges of your checkpoints only"),
+    _row("--preset with --base", [*B, *C3, "--lam", "1", "--preset", "tiny"], 2,
+         "--preset applies to the embedded demo only (not with --base)"),
+    _row("--eval-cmd with --lam", [*B, *C3, "--lam", "1", "--eval-cmd", f"{PY} in/evok.py"], 2,
+         "--eval-cmd evaluates the checkpoints of a --lam-grid search"),
+    _row("--eval-timeout 0", [*B, *C3, *_grid("evok.py"), "--eval-timeout", "0"], 2, "--eval-timeout"),
+    # the evaluation command: found before any work; a failure is one line naming it, the checkpoint, the
+    # exit status and the last line it printed; the run folder goes
+    _row("eval program missing", [*B, *C3, "--lam-grid", "0:1:0.5", "--eval-cmd", "no-such-program-xyz {checkpoint}"],
+         2, "--eval-cmd: program 'no-such-program-xyz' not found (or not executable)"),
+    _row("eval fails on the base", [*B, *C3, *_grid("evfail.py"), "--out", "run"], 1,
+         f"--eval-cmd: '{PY} in/evfail.py' exited with status 3 on the base in/base.safetensors: boom: cannot read "
+         "the model"),
+    _row("eval fails, default run folder", [*B, *C3, *_grid("evfail.py")], 1, "exited with status 3"),
+    _row("eval fails at a lambda", [*B, *C3, *_grid("evfail_lam.py"), "--out", "run"], 1,
+         f"'{PY} in/evfail_lam.py' exited with status 1 on the checkpoint for lambda = 0.5: no good at this lambda"),
+    _row("eval killed", [*B, *C3, *_grid("evkill.py"), "--out", "run"], 1, "was killed by signal SIGKILL on the base"),
+    _row("eval prints NaN", [*B, *C3, *_grid("evnan.py"), "--out", "run"], 1,
+         "'forget_acc' missing or not a finite number (got nan)"),
+    # outputs
+    _row("--out under a file", [*B, *C3, "--lam", "1", "--out", "in/afile/run"], 1,
+         "cannot write in/afile/run: not a directory"),
+    _row("--out a non-empty folder", [*B, *C3, "--lam", "1", "--out", "in/hf_empty"], 2, "directory is not empty"),
+    # the demo (the tiny preset fails in about a second)
+    _row("demo lam 1e300", ["--preset", "tiny", "--lam", "1e300", "--out", "run"], 1,
+         "tensor '0.weight': theta_pre - lambda * tau is not finite in float32 at lambda = 1e+300"),
+    _row("demo pool diverges", ["--preset", "tiny", "--pool", "5,10;1e3;0", "--out", "run"], 2,
+         "--pool: candidate 0 (epochs 5, weight decay 1000, label smoothing 0) diverged to NaN/inf weights"),
+]
+
+
+def _snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize("argv,code,msg", BAD_INPUTS)
+def test_bad_inputs(argv, code, msg, inputs, tmp_path, monkeypatch):
+    """Exit code, one `Error:` line holding `msg`, no traceback, nothing on stdout, no file left behind (in
+    the working folder, the run folders under ICML_RUNS_DIR, or next to the inputs)."""
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").symlink_to(inputs)
+    before = _snapshot(inputs)
+    res = CliRunner().invoke(cli, ["negmerge", "-q", "--threads", "1", *argv])
+    assert res.exit_code == code, (res.exit_code, res.stderr[-2000:])
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert msg in lines[0], (msg, lines[0])
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert _snapshot(inputs) == before
+
+
+def test_allowed_non_finite_inputs_are_listed_and_the_output_is_finite(tmp_path):
+    """With allow_non_finite, NegMerge drops an element that is NaN in one candidate (no strict sign
+    consensus) and says which tensors held NaN/inf; uniform would carry it into the output: refused, with
+    nothing at the output path."""
+    base, cands = _models(n=3)
+    cands[1]["a.w"][2, 3] = float("nan")
+    b, cs = MemoryReader(base), [MemoryReader(c) for c in cands]
+    with pytest.raises(BadInputError, match=r"<memory>: tensor 'a.w' holds 1 NaN/inf value \(of 30\)") as ei:
+        M.merge_to_checkpoint(b, cs, M.MergeConfig(), 1.0, tmp_path / "m.safetensors")
+    assert ei.value.param == "allow_non_finite"
+    stats = M.merge_to_checkpoint(b, cs, M.MergeConfig(), 1.0, tmp_path / "m.safetensors", allow_non_finite=True)
+    assert stats.summary()["non_finite_inputs"] == [{"file": "<memory>", "tensor": "a.w", "count": 1}]
+    out = open_checkpoint(tmp_path / "m.safetensors")
+    assert all(torch.isfinite(out.get(k).float()).all() for k in ("a.w", "a.b", "h"))
+    clean = [dict(c) for c in cands]
+    clean[1]["a.w"] = clean[1]["a.w"].clone()
+    clean[1]["a.w"][2, 3] = base["a.w"][2, 3]  # a zero task-vector entry is dropped too: the same merge
+    tau, _ = M.merged_task_vector(b, [MemoryReader(c) for c in clean], M.MergeConfig())
+    assert torch.equal(out.get("a.w"), base["a.w"] - tau["a.w"])
+    with pytest.raises(RuntimeFailure, match="tensor 'a.w' of the output would hold NaN/inf") as ei:
+        M.merge_to_checkpoint(b, cs, M.MergeConfig("uniform"), 1.0, tmp_path / "u.safetensors", allow_non_finite=True)
+    assert ei.value.param == "allow_non_finite" and not (tmp_path / "u.safetensors").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors", "m.safetensors.json"]
+
+
+def test_cli_allow_non_finite_reports_the_inputs(inputs, tmp_path, monkeypatch, run_cli):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").symlink_to(inputs)
+    _, doc = run_cli(["negmerge", "-q", *B, *_cands("inf_cand.safetensors", "c1.safetensors"), "--lam", "1",
+                      "--allow-non-finite", "--out", "run"])
+    stats = doc["result"]["stats"]
+    assert stats["non_finite_inputs"] == [{"file": "in/inf_cand.safetensors", "tensor": "a.b", "count": 1}]
+    assert read_record(doc["result"]["output"])["allow_non_finite"] is True
+    out = open_checkpoint(doc["result"]["output"])
+    assert all(torch.isfinite(out.get(k).float()).all() for k in ("a.w", "a.b", "h"))
+
+
+def test_non_finite_output_in_memory_names_the_tensor():
+    """The demo's path (apply_to_state_dict) refuses a lambda that overflows, naming tensor, dtype and lambda."""
+    base, cands = _models(n=2)
+    tau, _ = M.merged_task_vector(MemoryReader(base), [MemoryReader(c) for c in cands], M.MergeConfig("uniform"))
+    assert M.apply_to_state_dict(base, tau, 1e30)["a.w"].isfinite().all()  # large but finite in float32
+    with pytest.raises(RuntimeFailure, match=r"tensor 'h': theta_pre - lambda \* tau is not finite in bfloat16 "
+                                             r"at lambda = 1e\+300") as ei:
+        M.apply_to_state_dict({"h": base["h"]}, {"h": tau["h"]}, 1e300)
+    assert ei.value.param is None
+
+
+@pytest.mark.parametrize("method,dare", [(m, 0.0) for m in M.METHODS] + [("negmerge", 0.5)])
+def test_finite_check_finds_each_input_tensor(method, dare):
+    """Every float tensor read is checked, through the merge's running sum (negmerge, uniform,
+    task_arithmetic: one reduction, then the inputs one by one) or input by input (magmax, ties, and any
+    merge with DARE, whose drops could hide a NaN): a NaN or inf in any float tensor of the base or of a
+    candidate read is found, and the first one (base, then candidates in order) is named, or all are listed
+    when allowed."""
+    base, cands = _models(n=3, dtype=torch.float64)
+    cfg = M.MergeConfig(method, index=1, dare_p=dare)
+    readers = [0, 2] if method == "task_arithmetic" else [0, 1, 2, 3]  # 0 = base; task_arithmetic reads c1 only
+    for who in readers:
+        for k, bad in (("a.w", float("nan")), ("a.b", float("inf")), ("h", -float("inf"))):
+            sd = [dict(base)] + [dict(c) for c in cands]
+            t = sd[who][k].clone()
+            t.view(-1)[-1] = bad
+            sd[who][k] = t
+            bs, cs = MemoryReader(sd[0], name="m0"), [MemoryReader(c, name=f"m{i + 1}") for i, c in enumerate(sd[1:])]
+            with pytest.raises(BadInputError, match=f"^allow_non_finite: m{who}: tensor '{k}' holds 1 NaN/inf"):
+                M.merged_task_vector(bs, cs, cfg)
+            _, stats = M.merged_task_vector(bs, cs, cfg, allow_non_finite=True)
+            assert stats.non_finite_inputs == [{"file": f"m{who}", "tensor": k, "count": 1}]
+    if method == "task_arithmetic":  # an unread candidate is not checked (it takes no part)
+        sd = [dict(c) for c in cands]
+        sd[0]["a.w"] = sd[0]["a.w"] * float("nan")
+        M.merged_task_vector(MemoryReader(base), [MemoryReader(c) for c in sd], cfg)
+
+
+def test_task_vector_overflow_from_finite_inputs_is_the_output_checks_call(tmp_path):
+    """Finite inputs whose difference overflows float32 turn the running sum non-finite; every input is found
+    finite, so the merge goes on and the non-finite output is refused (nothing written)."""
+    base = {"w": torch.full((4,), -3e38)}
+    cands = [{"w": torch.full((4,), 3e38)}, {"w": torch.full((4,), 3e38)}]
+    with pytest.raises(RuntimeFailure, match="tensor 'w': theta_pre - lambda"):
+        M.merge_to_checkpoint(MemoryReader(base), [MemoryReader(c) for c in cands], M.MergeConfig(), 1.0,
+                              tmp_path / "m.safetensors")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_demo_refuses_a_diverged_candidate():
+    from icmltools.negmerge import demo as D
+
+    state = {"w": torch.ones(3), "n": torch.tensor(2)}
+    D._check_diverged(state, 0, {"epochs": 5, "weight_decay": 0.0, "label_smoothing": 0.0})
+    state["w"][1] = float("inf")
+    with pytest.raises(BadInputError, match=r"^pool: candidate 4 \(epochs 5, weight decay 1000, label smoothing "
+                                            r"0.1\) diverged") as ei:
+        D._check_diverged(state, 4, {"epochs": 5, "weight_decay": 1e3, "label_smoothing": 0.1})
+    assert ei.value.param == "pool"
+
+
+def test_eval_command_failures_name_the_command(tmp_path):
+    """Exit status and last line of stderr, or the signal; the program is looked up when the evaluator is made."""
+    fail = tmp_path / "fail.py"
+    fail.write_text("import sys\nprint('step 1', file=sys.stderr)\nprint('Error: no weights', file=sys.stderr)\n"
+                    "sys.exit(5)\n")
+    cmd = f"{sys.executable} {fail}"
+    with pytest.raises(RuntimeFailure, match=re.escape(f"'{cmd}' exited with status 5 on ckpt-7: Error: no weights")):
+        S.CommandEvaluator(cmd)("p", label="ckpt-7")
+    quiet = tmp_path / "quiet.py"
+    quiet.write_text("import sys\nsys.exit(2)\n")
+    with pytest.raises(RuntimeFailure, match=r"exited with status 2 on p: \(no output\)"):
+        S.CommandEvaluator(f"{sys.executable} {quiet}")("p")
+    kill = tmp_path / "kill.py"
+    kill.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\n")
+    with pytest.raises(RuntimeFailure, match="was killed by signal SIGTERM on p"):
+        S.CommandEvaluator(f"{sys.executable} {kill}")("p")
+    with pytest.raises(BadInputError, match="program 'no-such-program-xyz' not found") as ei:
+        S.CommandEvaluator("no-such-program-xyz --ckpt {checkpoint}")
+    assert ei.value.param == "eval_cmd"
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(5)\n")
+    with pytest.raises(RuntimeFailure, match=re.escape(f"'{sys.executable} {slow}' timed out after 0.2 s on p")):
+        S.CommandEvaluator(f"{sys.executable} {slow}", timeout=0.2)("p")

@@ -135,13 +135,29 @@ class FileJob:
     eval_timeout: float | None = None
     retain_ratio: float = RETAIN_RATIO
     patience: int = FILE_PATIENCE
+    allow_non_finite: bool = False
 
     def config(self) -> dict:
         """The resolved settings (the run folder's config)."""
         return {"merge": asdict(self.cfg), "base": str(self.base.path),
                 "candidates": [str(c.path) for c in self.candidates], "output_format": self.fmt, "lam": self.lam,
                 "lam_grid": self.lam_grid, "eval_cmd": self.eval_cmd, "eval_timeout": self.eval_timeout,
-                "retain_ratio": self.retain_ratio, "patience": self.patience}
+                "retain_ratio": self.retain_ratio, "patience": self.patience,
+                "allow_non_finite": self.allow_non_finite}
+
+
+def _check_paths(base: str, candidates: Sequence[str]) -> None:
+    """The base given as a candidate (a zero task vector: NegMerge would keep nothing) or a candidate given
+    twice (a shell glob that overlaps) is a mistake: refused, before anything is opened."""
+    seen: dict = {}
+    b = Path(base).resolve()
+    for c in candidates:
+        r = Path(c).resolve()
+        if r == b:
+            raise BadInputError(f"{c}: is the base itself (its task vector is zero)", param="candidates")
+        if r in seen:
+            raise BadInputError(f"{c}: given twice (also as {seen[r]})", param="candidates")
+        seen[r] = c
 
 
 def prepare_files(base: str, candidates: Sequence[str], *, method: str = MergeConfig.method,
@@ -149,10 +165,13 @@ def prepare_files(base: str, candidates: Sequence[str], *, method: str = MergeCo
                   dare_p: float = MergeConfig.dare_p, seed: int = MergeConfig.seed, out_format: str = "same",
                   lam: float | None = None, lam_grid: str | Sequence[float] | None = None,
                   eval_cmd: str | None = None, eval_timeout: float | None = None,
-                  retain_ratio: float = RETAIN_RATIO, patience: int | None = None) -> FileJob:
-    """Check the options and open every checkpoint lazily (keys, shapes, dtypes) before anything is written."""
+                  retain_ratio: float = RETAIN_RATIO, patience: int | None = None,
+                  allow_non_finite: bool = False) -> FileJob:
+    """Check the options and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
+    NaN/inf values are found while the merge streams (refused unless `allow_non_finite`)."""
     if not candidates:
         raise BadInputError("no candidate checkpoint given", param="candidates")
+    _check_paths(base, candidates)
     grid = resolve_grid(lam, lam_grid)
     if grid is None:
         raise BadInputError("give a fixed lambda, or a grid with an evaluation command", param="lam")
@@ -162,17 +181,18 @@ def prepare_files(base: str, candidates: Sequence[str], *, method: str = MergeCo
     cfg = MergeConfig(method=method, ties_k=ties_k, dare_p=dare_p, index=index, seed=seed)
     cfg.validate(len(candidates))
     if eval_cmd is not None and lam is None:
-        S.CommandEvaluator(eval_cmd, timeout=eval_timeout)  # parse it now: a bad command fails before any work
+        S.CommandEvaluator(eval_cmd, timeout=eval_timeout)  # parse it, find the program: fails before any work
     b = open_checkpoint(base)
     cands = [open_checkpoint(c) for c in candidates]
     M.open_and_check(b, cands, cfg)
     return FileJob(b, cands, cfg, resolve_output_format(b, out_format), lam=lam, lam_grid=None if lam is not None
                    else grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout, retain_ratio=retain_ratio,
-                   patience=FILE_PATIENCE if patience is None else patience)
+                   patience=FILE_PATIENCE if patience is None else patience, allow_non_finite=allow_non_finite)
 
 
 def _record(job: FileJob, lam, extra: dict | None = None) -> dict:
-    return {**M.default_record(job.base, job.candidates, job.cfg, lam), **(extra or {})}
+    allowed = {"allow_non_finite": True} if job.allow_non_finite else {}
+    return {**M.default_record(job.base, job.candidates, job.cfg, lam), **allowed, **(extra or {})}
 
 
 def _remove_checkpoint(p: Path) -> None:
@@ -183,11 +203,10 @@ def _remove_checkpoint(p: Path) -> None:
         Path(str(p) + ".json").unlink(missing_ok=True)
 
 
-def _search_lambda(job: FileJob, tau: dict, out_dir: Path, progress: Callable | None) -> dict:
+def _search_lambda(job: FileJob, evaluator: S.CommandEvaluator, original: dict, tau: dict, tainted: set,
+                   out_dir: Path, progress: Callable | None) -> dict:
     """The official rule over job.lam_grid with the user's evaluation command; one temporary checkpoint per
-    lambda (lambda = 0 is the base, evaluated once)."""
-    evaluator = S.CommandEvaluator(job.eval_cmd, timeout=job.eval_timeout)
-    original = evaluator(job.base.path)
+    lambda (lambda = 0 is the base, evaluated once, before the merge: `original`)."""
     grid_dir = out_dir / ".lambda_grid"
     grid_dir.mkdir(parents=True, exist_ok=True)
 
@@ -196,8 +215,9 @@ def _search_lambda(job: FileJob, tau: dict, out_dir: Path, progress: Callable | 
             return dict(original)
         p = grid_dir / default_output_name(job.base, job.fmt)
         try:
-            M.apply_task_vector(job.base, tau, lam_, p, fmt=job.fmt, record=_record(job, lam_))
-            return evaluator(p)
+            M.apply_task_vector(job.base, tau, lam_, p, fmt=job.fmt, record=_record(job, lam_), tainted=tainted,
+                                param="lam_grid")
+            return evaluator(p, label=f"the checkpoint for lambda = {lam_:g}")
         finally:
             _remove_checkpoint(p)
 
@@ -226,13 +246,18 @@ def merge_files(job: FileJob, out_dir: Path, *, device: str = "cpu", per_tensor:
     t0 = time.perf_counter()
     if job.lam is not None:
         stats = M.merge_to_checkpoint(job.base, job.candidates, job.cfg, job.lam, out_path, fmt=job.fmt,
-                                      device=device, record=_record(job, job.lam), progress=progress)
+                                      device=device, record=_record(job, job.lam), progress=progress,
+                                      allow_non_finite=job.allow_non_finite)
         result.update(lam=job.lam, lambda_search=None)
     else:
-        tau, stats = M.merged_task_vector(job.base, job.candidates, job.cfg, device=device, progress=progress)
-        search_doc = _search_lambda(job, tau, out_dir, progress)
+        evaluator = S.CommandEvaluator(job.eval_cmd, timeout=job.eval_timeout)
+        original = evaluator(job.base.path, label=f"the base {job.base.path}")  # a broken command fails first
+        tau, stats = M.merged_task_vector(job.base, job.candidates, job.cfg, device=device, progress=progress,
+                                          allow_non_finite=job.allow_non_finite)
+        search_doc = _search_lambda(job, evaluator, original, tau, stats.non_finite_tensors, out_dir, progress)
         M.apply_task_vector(job.base, tau, search_doc["selected_lam"], out_path, fmt=job.fmt,
-                            record=_record(job, search_doc["selected_lam"], {"lambda_search": search_doc}))
+                            record=_record(job, search_doc["selected_lam"], {"lambda_search": search_doc}),
+                            tainted=stats.non_finite_tensors, param="lam_grid")
         result.update(lam=search_doc["selected_lam"], lambda_search=search_doc)
     result["seconds"] = time.perf_counter() - t0
     result["kept_fraction"] = stats.kept_fraction

@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
+from icmltools.core.errors import BadInputError
 from icmltools.core.seed import as_stream, derive
 
 from . import merge as M
@@ -252,10 +253,24 @@ def finetune_candidates(cfg: DemoConfig, original: dict, data: dict, seed: int, 
     grid = candidate_grid(cfg)
     cands = []
     for i, hp in enumerate(grid):
-        cands.append(finetune_on_forget(cfg, original, Xf, yf, hp["epochs"], hp["weight_decay"],
-                                        hp["label_smoothing"], derive(seed, "finetune", i), device))
+        cand = finetune_on_forget(cfg, original, Xf, yf, hp["epochs"], hp["weight_decay"], hp["label_smoothing"],
+                                  derive(seed, "finetune", i), device)
+        _check_diverged(cand, i, hp)
+        cands.append(cand)
         prog("fine-tune candidates", i + 1, len(grid))
     return cands
+
+
+def _check_diverged(state: dict, i: int, hp: dict) -> None:
+    """A fine-tune whose weights went NaN/inf (a weight decay too large for the learning rate) is the
+    pool's fault: refused, naming the candidate, before it reaches a merge."""
+    from icmltools.taskvec import all_finite
+
+    if all(all_finite(v) for v in state.values() if v.is_floating_point()):
+        return
+    raise BadInputError(f"candidate {i} (epochs {hp['epochs']}, weight decay {hp['weight_decay']:g}, label "
+                        f"smoothing {hp['label_smoothing']:g}) diverged to NaN/inf weights; use a smaller weight "
+                        "decay", param="pool")
 
 
 class LambdaSearch:

@@ -17,6 +17,11 @@ the same class serves the streamed file merge and the list form :func:`merge_ten
 is theta = theta_pre - lambda * tau. Integer and bool tensors (e.g. BatchNorm ``num_batches_tracked``) carry
 no task vector and are copied from the base. Arithmetic runs in float32 (float64 for float64 tensors) on the
 chosen device; the output keeps each tensor's dtype.
+
+Finite in, finite out: every float tensor read (base and candidates) is checked for NaN/inf as it streams
+by (one reduction, :func:`icmltools.taskvec.all_finite`) and refused with its file and name, unless
+``allow_non_finite``; every output tensor is checked the same way, and a non-finite one (lambda too large
+for the dtype, or allowed non-finite inputs that reach it) is a :class:`RuntimeFailure` that leaves no output.
 """
 from __future__ import annotations
 
@@ -25,9 +30,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from icmltools.core.errors import BadInputError
+from icmltools.core.errors import BadInputError, RuntimeFailure
 from icmltools.core.seed import derive
-from icmltools.taskvec import CheckpointReader, CheckpointWriter, check_compatible, is_float_dtype
+from icmltools.taskvec import (
+    CheckpointReader,
+    CheckpointWriter,
+    all_finite,
+    check_compatible,
+    count_non_finite,
+    is_float_dtype,
+)
 
 from .options import METHODS, MergeConfig
 
@@ -48,12 +60,15 @@ class MergeMethod:
     a torch dtype name); ``add(st, tau, k)`` takes the k-th task vector it receives (k = 0 first);
     ``finish(st, n)`` returns (merged tau, kept element count), possibly in a reused buffer. ``st`` is the
     tensor's :class:`_Accumulator` (its buffers are attributes; ``items`` is a list for methods that keep
-    every task vector). A new method is one subclass and one :data:`REGISTRY` line.
+    every task vector). ``witness`` names a buffer holding the running sum of the task vectors received:
+    NaN and inf survive any sum, so its one finiteness check stands for a check of every input tensor
+    (None: each input is checked as it is read). A new method is one subclass and one :data:`REGISTRY` line.
     """
 
     name = ""
     reference = ""
     buffers: tuple = ()
+    witness: str | None = None
 
     def wants(self, i: int, cfg: MergeConfig) -> bool:
         """Whether candidate i's task vector is read at all."""
@@ -88,6 +103,7 @@ class NegMerge(MergeMethod):
     name = "negmerge"
     reference = "Kim et al., ICML 2025 (arXiv 2410.05583), Sec. 3"
     buffers = (("total", None), ("mn", None), ("mx", None), ("tb", "bool"))
+    witness = "total"
 
     def add(self, st, tau, k):
         import torch
@@ -116,6 +132,7 @@ class Uniform(MergeMethod):
     name = "uniform"
     reference = "uniform task-vector mean (model soup of task vectors)"
     buffers = (("total", None),)
+    witness = "total"
 
     def add(self, st, tau, k):
         _sum_into(st, tau, k)
@@ -131,6 +148,7 @@ class TaskArithmetic(MergeMethod):
     name = "task_arithmetic"
     reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023"
     buffers = (("total", None),)
+    witness = "total"
 
     def wants(self, i, cfg):
         return i == cfg.index
@@ -294,6 +312,12 @@ class MergeStats:
     per_tensor: dict = field(default_factory=dict)
     bytes_read: int = 0
     seconds: float = 0.0
+    non_finite_inputs: list = field(default_factory=list)  # (file, tensor, count): only with allow_non_finite
+
+    @property
+    def non_finite_tensors(self) -> set:
+        """Names of the tensors whose inputs held NaN/inf (allowed in)."""
+        return {r["tensor"] for r in self.non_finite_inputs}
 
     def add(self, spec, kept: int, n_read: int) -> None:
         """Count one merged tensor: its elements, those kept, and the bytes of the n_read tensors read."""
@@ -311,7 +335,7 @@ class MergeStats:
         d = {"method": self.method, "n_candidates": self.n_candidates, "n_tensors": self.n_tensors,
              "numel": self.numel, "kept": self.kept, "kept_fraction": self.kept_fraction,
              "skipped_non_float": self.skipped_non_float, "bytes_read": self.bytes_read,
-             "seconds": round(self.seconds, 4),
+             "seconds": round(self.seconds, 4), "non_finite_inputs": self.non_finite_inputs,
              "read_gb_per_s": (self.bytes_read / 1e9 / self.seconds) if self.seconds > 0 else None}
         if per_tensor:
             d["per_tensor"] = {k: {"numel": n, "kept_fraction": (c / n if n else None)}
@@ -326,6 +350,32 @@ def open_and_check(base: CheckpointReader, candidates: Sequence[CheckpointReader
         check_compatible(base, c)
     if not any(is_float_dtype(s.dtype) for s in base.specs.values()):
         raise BadInputError(f"{base.path}: no floating-point tensor to merge")
+
+
+def check_input(t, reader: CheckpointReader, name: str, allow: bool, stats: MergeStats | None) -> None:
+    """Refuse an input tensor holding NaN/inf, naming its file and tensor; with `allow`, record it in
+    `stats.non_finite_inputs` instead (the output is still checked)."""
+    if all_finite(t):
+        return
+    k = count_non_finite(t)
+    if not allow:
+        raise BadInputError(f"{reader.path}: tensor {name!r} holds {k} NaN/inf value{'s' * (k != 1)} (of {t.numel()}); "
+                            "non-finite inputs are refused unless allowed", param="allow_non_finite")
+    if stats is not None:
+        stats.non_finite_inputs.append({"file": str(reader.path), "tensor": name, "count": k})
+
+
+def check_output(t, name: str, lam: float, tainted: bool = False, param: str | None = "lam") -> None:
+    """A non-finite output tensor is a RuntimeFailure naming it and the likely cause: lambda too large for
+    the dtype (finite inputs), or non-finite inputs let in (`tainted`) that reach it."""
+    if all_finite(t):
+        return
+    dt = str(t.dtype).replace("torch.", "")
+    if tainted:
+        raise RuntimeFailure(f"tensor {name!r} of the output would hold NaN/inf at lambda = {lam:g}: the non-finite "
+                             "input values let in reach it; nothing written", param="allow_non_finite")
+    raise RuntimeFailure(f"tensor {name!r}: theta_pre - lambda * tau is not finite in {dt} at lambda = {lam:g} "
+                         "(lambda too large for the dtype?); nothing written", param=param)
 
 
 class BufferPool:
@@ -379,38 +429,66 @@ class _Accumulator:
         """(merged tau, kept count); the tensor may live in a reused buffer."""
         return self.method.finish(self, self.n)
 
+    def witness(self):
+        """The buffer (before :meth:`finish`) that is finite only if every task vector added was, or None
+        (the method keeps no running sum, or DARE's drops could hide a NaN): then each input is checked."""
+        if self.cfg.dare_p > 0 or self.method.witness is None:
+            return None
+        return getattr(self, self.method.witness)
+
 
 def _merge_one(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig, spec,
-               device: str, cpu_pool: BufferPool, dev_pool: BufferPool):
-    """Merge one float tensor: (base tensor, merged tau, kept count, tensors read), in reused buffers."""
+               device: str, cpu_pool: BufferPool, dev_pool: BufferPool, allow: bool = False,
+               stats: MergeStats | None = None):
+    """Merge one float tensor: (base tensor, merged tau, kept count, tensors read), in reused buffers. Every
+    tensor read is checked finite: through the merge's witness buffer (one reduction; the base and each
+    candidate are checked one by one only once it is non-finite), else each as it is read."""
     import torch
 
     name, shape, cd = spec.name, tuple(spec.shape), compute_dtype(spec.dtype)
     same = cd == spec.dtype and device == "cpu"
-    b = base.get_into(name, cpu_pool.get("raw_base", shape, spec.dtype))
-    bd = b if same else dev_pool.get("base_c", shape, cd).copy_(b)
     acc = _Accumulator(cfg, len(candidates), shape, cd, dev_pool, name)
+    each = acc.witness() is None
+    b = base.get_into(name, cpu_pool.get("raw_base", shape, spec.dtype))
+    if each:
+        check_input(b, base, name, allow, stats)
+    bd = b if same else dev_pool.get("base_c", shape, cd).copy_(b)
     n_read = 1
     with torch.no_grad():
         for j, c in enumerate(candidates):
             if not acc.wants(j):
                 continue
             raw = c.get_into(name, cpu_pool.get("raw_cand", shape, spec.dtype))
+            if each:
+                check_input(raw, c, name, allow, stats)
             tau = raw if same else dev_pool.get("tau", shape, cd).copy_(raw)
             tau.sub_(bd)
             acc.add(tau, j)
             n_read += 1
+        if not each and not all_finite(acc.witness()):
+            _find_non_finite(base, candidates, acc, name, allow, stats)
         merged, kept = acc.finish()
     return b, merged, kept, n_read
 
 
+def _find_non_finite(base: CheckpointReader, candidates: Sequence[CheckpointReader], acc: _Accumulator, name: str,
+                     allow: bool, stats: MergeStats | None) -> None:
+    """Once a witness turned non-finite: the base and every candidate read, checked one by one (re-read).
+    If all are finite, a task vector overflowed the compute dtype: the output check decides."""
+    check_input(base.get(name), base, name, allow, stats)
+    for j, c in enumerate(candidates):
+        if acc.wants(j):
+            check_input(c.get(name), c, name, allow, stats)
+
+
 def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
                 names: Sequence[str], device: str = "cpu", stats: MergeStats | None = None,
-                progress: Callable | None = None, reuse: bool = False):
+                progress: Callable | None = None, reuse: bool = False, allow_non_finite: bool = False):
     """Yield (name, base tensor, merged tau or None) tensor by tensor, reading one candidate tensor at a time.
 
     tau is in the compute dtype on `device`; None for integer/bool tensors (copied from the base). With
-    `reuse=True` the yielded tensors live in buffers reused for the next tensor: consume them first.
+    `reuse=True` the yielded tensors live in buffers reused for the next tensor: consume them first. An
+    input tensor holding NaN/inf is refused unless `allow_non_finite` (then listed in `stats`).
     """
     stats = stats if stats is not None else MergeStats(cfg.method, len(candidates))
     t0 = time.perf_counter()
@@ -423,7 +501,8 @@ def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], 
             stats.skipped_non_float.append(name)
             yield name, base.get(name), None
         else:
-            b, merged, kept, n_read = _merge_one(base, candidates, cfg, spec, device, cpu_pool, dev_pool)
+            b, merged, kept, n_read = _merge_one(base, candidates, cfg, spec, device, cpu_pool, dev_pool,
+                                                 allow_non_finite, stats)
             if not reuse:
                 b, merged = b.clone(), merged.clone()
             stats.add(spec, kept, n_read)
@@ -433,20 +512,23 @@ def iter_merged(base: CheckpointReader, candidates: Sequence[CheckpointReader], 
             progress("merging tensors", i + 1, len(names))
 
 
-def negate_into(b, tau, lam: float):
+def negate_into(b, tau, lam: float, name: str = "", tainted: bool = False, param: str | None = "lam"):
     """Task negation, theta = theta_pre - lambda * tau (NegMerge Sec. 3; Ilharco et al. 2023), in the compute
-    dtype, cast back to the base's dtype on the CPU."""
+    dtype, cast back to the base's dtype on the CPU; a non-finite result raises (:func:`check_output`)."""
     if tau is None:
         return b
     bd = b.to(device=tau.device, dtype=tau.dtype)
-    return (bd - lam * tau).to(device="cpu", dtype=b.dtype)
+    out = (bd - lam * tau).to(device="cpu", dtype=b.dtype)
+    check_output(out, name, lam, tainted, param)
+    return out
 
 
 def merge_to_checkpoint(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
                         lam: float, out_path, fmt: str = "same", device: str = "cpu", record: dict | None = None,
-                        progress: Callable | None = None) -> MergeStats:
+                        progress: Callable | None = None, allow_non_finite: bool = False) -> MergeStats:
     """Stream theta_pre - lam * merge(tau_1..tau_N) into `out_path` (atomic; base's format unless `fmt` says
-    otherwise): the streamed form of :func:`negate_into` over :func:`iter_merged`."""
+    otherwise): the streamed form of :func:`negate_into` over :func:`iter_merged`. Inputs and outputs are
+    checked finite tensor by tensor; a failure leaves nothing at `out_path`."""
     import torch
 
     open_and_check(base, candidates, cfg)
@@ -454,14 +536,17 @@ def merge_to_checkpoint(base: CheckpointReader, candidates: Sequence[CheckpointR
     record = {**default_record(base, candidates, cfg, lam), **(record or {})}
     pool = BufferPool(device)
     with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
-        for name, b, tau in iter_merged(base, candidates, cfg, w.order, device, stats, progress, reuse=True):
+        for name, b, tau in iter_merged(base, candidates, cfg, w.order, device, stats, progress, reuse=True,
+                                        allow_non_finite=allow_non_finite):
             if tau is None:
                 w.write(name, b)
                 continue
             bd = b if (b.dtype == tau.dtype and b.device == tau.device) else pool.get("bd", b.shape, tau.dtype).copy_(b)
             scaled = torch.mul(tau, lam, out=pool.get("scaled", b.shape, tau.dtype))
             res = torch.sub(bd, scaled, out=pool.get("res", b.shape, tau.dtype))  # = negate_into(b, tau, lam)
-            w.write(name, res if (res.dtype == b.dtype and res.device.type == "cpu") else res.to("cpu", b.dtype))
+            res = res if (res.dtype == b.dtype and res.device.type == "cpu") else res.to("cpu", b.dtype)
+            check_output(res, name, lam, name in stats.non_finite_tensors)
+            w.write(name, res)
     return stats
 
 
@@ -474,25 +559,28 @@ def default_record(base, candidates, cfg: MergeConfig, lam: float) -> dict:
 
 
 def merged_task_vector(base: CheckpointReader, candidates: Sequence[CheckpointReader], cfg: MergeConfig,
-                       device: str = "cpu", progress: Callable | None = None):
-    """The merged task vector as a dict (compute dtype, CPU) for a lambda search: one model in memory."""
+                       device: str = "cpu", progress: Callable | None = None, allow_non_finite: bool = False):
+    """The merged task vector as a dict (compute dtype, CPU) for a lambda search: one model in memory.
+    Inputs are checked finite as they are read (see :func:`iter_merged`)."""
     open_and_check(base, candidates, cfg)
     stats = MergeStats(cfg.method, len(candidates))
     tau = {}
-    for name, _b, t in iter_merged(base, candidates, cfg, base.keys(), device, stats, progress):
+    for name, _b, t in iter_merged(base, candidates, cfg, base.keys(), device, stats, progress,
+                                   allow_non_finite=allow_non_finite):
         if t is not None:
             tau[name] = t.to("cpu")
     return tau, stats
 
 
 def apply_task_vector(base: CheckpointReader, tau: dict, lam: float, out_path, fmt: str = "same",
-                      record: dict | None = None) -> None:
-    """Write base - lam * tau (tensor by tensor, atomically)."""
+                      record: dict | None = None, tainted: Sequence[str] = (), param: str | None = "lam") -> None:
+    """Write base - lam * tau (tensor by tensor, atomically); a non-finite tensor raises and leaves nothing.
+    `tainted` names the tensors whose inputs held NaN/inf (allowed in); `param` the source of `lam` in errors."""
     with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
         for name in w.order:
-            w.write(name, negate_into(base.get(name), tau.get(name), lam))
+            w.write(name, negate_into(base.get(name), tau.get(name), lam, name, name in tainted, param))
 
 
-def apply_to_state_dict(base_sd: dict, tau: dict, lam: float) -> dict:
-    """In memory: {name: base - lam * tau} (integer tensors copied)."""
-    return {k: negate_into(v, tau.get(k), lam) for k, v in base_sd.items()}
+def apply_to_state_dict(base_sd: dict, tau: dict, lam: float, param: str | None = None) -> dict:
+    """In memory: {name: base - lam * tau} (integer tensors copied); a non-finite tensor raises."""
+    return {k: negate_into(v, tau.get(k), lam, k, param=param) for k, v in base_sd.items()}

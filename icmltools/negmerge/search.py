@@ -10,6 +10,8 @@ import json
 import logging
 import math
 import shlex
+import shutil
+import signal
 import subprocess
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -30,11 +32,14 @@ def parse_grid(spec: str) -> list[float]:
             if len(parts) != 3:
                 raise ValueError
             a, b, step = parts
+            if not all(math.isfinite(x) for x in parts):
+                raise BadInputError(f"{spec!r}: values must be finite numbers", param="lam_grid")
             if step <= 0 or b < a:
                 raise BadInputError(f"{spec!r}: need start <= stop and step > 0", param="lam_grid")
-            n = int(math.floor((b - a) / step + 1e-9)) + 1
-            if n > 10_000:
-                raise BadInputError(f"{spec!r}: {n} points is too many", param="lam_grid")
+            q = (b - a) / step + 1e-9  # inf when it overflows: compared before any int conversion
+            n = int(math.floor(q)) + 1 if q < 10_000 else None
+            if n is None or n > 10_000:
+                raise BadInputError(f"{spec!r}: more than 10000 points", param="lam_grid")
             vals = [round(a + i * step, 12) for i in range(n)]
         else:
             vals = [float(x) for x in s.split(",") if x.strip()]
@@ -102,7 +107,9 @@ def search(evaluate: Callable[[float], dict], grid: Sequence[float], original_re
 class CommandEvaluator:
     """Runs a user command on a checkpoint path and reads `{"forget_acc": x, "retain_acc": y, ...}` from
     its stdout (the last line that parses as a JSON object). `{checkpoint}` in the command is replaced by
-    the path; without it the path is appended as the last argument. No shell is involved."""
+    the path; without it the path is appended as the last argument. No shell is involved. The program
+    must exist when the evaluator is made (so a typo fails before any merge); every failure names the
+    command, the checkpoint and, for a failed run, its exit status and last line of output."""
 
     def __init__(self, command: str, timeout: float | None = None):
         try:
@@ -111,6 +118,8 @@ class CommandEvaluator:
             raise BadInputError(f"{command!r}: cannot parse ({e})", param="eval_cmd") from None
         if not self.argv:
             raise BadInputError("the evaluation command is empty", param="eval_cmd")
+        if "{checkpoint}" not in self.argv[0] and shutil.which(self.argv[0]) is None:
+            raise BadInputError(f"program {self.argv[0]!r} not found (or not executable)", param="eval_cmd")
         self.command = command
         self.timeout = timeout
         self.calls = 0
@@ -120,19 +129,42 @@ class CommandEvaluator:
             return [a.replace("{checkpoint}", str(path)) for a in self.argv]
         return self.argv + [str(path)]
 
-    def __call__(self, path) -> dict:
+    def __call__(self, path, label: str | None = None) -> dict:
+        """Scores of the checkpoint at `path`; `label` says which checkpoint in errors (default: the path)."""
         argv = self.argv_for(path)
+        what = label or str(path)
         self.calls += 1
         try:
             p = subprocess.run(argv, capture_output=True, text=True, timeout=self.timeout)
-        except FileNotFoundError:
-            raise BadInputError(f"program {argv[0]!r} not found", param="eval_cmd") from None
+        except (FileNotFoundError, PermissionError):
+            raise BadInputError(f"program {argv[0]!r} not found (or not executable)", param="eval_cmd") from None
+        except OSError as e:
+            raise BadInputError(f"{self.command!r}: cannot run ({e.strerror or e})", param="eval_cmd") from None
         except subprocess.TimeoutExpired:
-            raise RuntimeFailure(f"timed out after {self.timeout} s on {path}", param="eval_cmd") from None
+            raise RuntimeFailure(f"{self.command!r} timed out after {self.timeout:g} s on {what}",
+                                 param="eval_cmd") from None
         if p.returncode != 0:
-            tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [""]
-            raise RuntimeFailure(f"exited with status {p.returncode} on {path}: {tail[0][:200]}", param="eval_cmd")
-        return _scores(_last_json_object(p.stdout), path)
+            raise RuntimeFailure(f"{self.command!r} {_exit_words(p.returncode)} on {what}: {_tail(p)}",
+                                 param="eval_cmd")
+        return _scores(_last_json_object(p.stdout), f"{self.command!r} on {what}")
+
+
+def _exit_words(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def _tail(p: subprocess.CompletedProcess) -> str:
+    """The last non-empty line of the command's stderr (else stdout), cut to 200 characters."""
+    for stream in (p.stderr, p.stdout):
+        lines = [ln.strip() for ln in (stream or "").splitlines() if ln.strip()]
+        if lines:
+            return lines[-1][:200]
+    return "(no output)"
 
 
 def _last_json_object(stdout: str) -> dict | None:
@@ -151,16 +183,17 @@ def _last_json_object(stdout: str) -> dict | None:
     return doc if isinstance(doc, dict) else None
 
 
-def _scores(doc: dict | None, path) -> dict:
-    """forget_acc and retain_acc (finite numbers, required) plus the other scalar fields of `doc`."""
+def _scores(doc: dict | None, where) -> dict:
+    """forget_acc and retain_acc (finite numbers, required) plus the other scalar fields of `doc`; `where`
+    names the command and checkpoint in errors."""
     if doc is None:
-        raise RuntimeFailure(f"printed no JSON object on {path} (expected forget_acc and retain_acc)",
+        raise RuntimeFailure(f"{where}: printed no JSON object (expected forget_acc and retain_acc)",
                              param="eval_cmd")
     out = {}
     for k in ("forget_acc", "retain_acc"):
         v = doc.get(k)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise RuntimeFailure(f"output on {path}: {k!r} missing or not a number (got {v!r})", param="eval_cmd")
+            raise RuntimeFailure(f"{where}: {k!r} missing or not a finite number (got {v!r})", param="eval_cmd")
         out[k] = float(v)
     for k, v in doc.items():
         if k not in out and isinstance(v, (int, float, str, bool)):
