@@ -1,8 +1,11 @@
 """Scale benchmark of `icml negmerge`: a ~1 GB safetensors base and N=10 candidates on disk.
 
-Measures, each in a fresh subprocess (peak RSS = the child's own VmHWM from /proc/self/status):
+Measures, each in a fresh subprocess (peak RSS = the child's own VmHWM from /proc/self/status; wall time
+and the process's CPU time, which other jobs on a shared machine disturb less):
   read    - reading every tensor of the 11 files once through the same lazy reader (the I/O floor),
-  stream  - the streamed NegMerge (icmltools.negmerge.merge.merge_to_checkpoint, lambda = 1),
+  stream  - the streamed NegMerge (icmltools.negmerge.merge.merge_to_checkpoint, lambda = 1), which checks
+            every tensor read and written for NaN/inf (one reduction each),
+  stream_unchecked - the same merge with those finiteness checks switched off (their cost, in the same run),
   naive   - a plain torch merge that loads all 11 state_dicts (safetensors.torch.load_file), merges with
             torch.stack per tensor and saves with save_file.
 Then checks that the two merged files are identical, deletes everything it wrote, and prints one JSON
@@ -10,6 +13,10 @@ document. Files live in a temporary folder under /tmp (warm page cache: they wer
 
     python benchmarks/negmerge_scale.py                 # ~1 GB x 11 files, ~12 GB of /tmp while running
     python benchmarks/negmerge_scale.py --size-gb 0.1   # a quick smoke run
+    python benchmarks/negmerge_scale.py --size-gb 0.5 --skip-naive --ab-repeats 4   # the checks' cost, A/B
+
+`--ab-repeats K` adds K rounds of stream and stream_unchecked in alternating order and reports the medians
+(`finite_check_ab`): on a shared machine one pair of runs can differ by 2x with the other jobs' load.
 """
 from __future__ import annotations
 
@@ -135,6 +142,14 @@ def _child_stream(folder: Path, n: int) -> int:
     return stats.bytes_read
 
 
+def _child_stream_unchecked(folder: Path, n: int) -> int:
+    """The streamed merge with the per-tensor finiteness checks replaced by a no-op (what they cost)."""
+    from icmltools.negmerge import merge as M
+
+    M.all_finite = lambda t: True
+    return _child_stream(folder, n)
+
+
 def _child_naive(folder: Path, n: int) -> int:
     """Load all n + 1 state_dicts, merge with torch.stack per tensor, save."""
     import torch
@@ -174,7 +189,8 @@ def _compare(folder: Path) -> dict:
     return {"same_keys_and_buffers": equal, "max_abs_diff": worst}
 
 
-CHILDREN = {"read": _child_read, "stream": _child_stream, "naive": _child_naive}
+CHILDREN = {"read": _child_read, "stream": _child_stream, "stream_unchecked": _child_stream_unchecked,
+            "naive": _child_naive}
 
 
 def child(mode: str, folder: Path, n: int) -> dict:
@@ -193,10 +209,11 @@ def child(mode: str, folder: Path, n: int) -> dict:
     import icmltools.taskvec  # noqa: F401
 
     rss_after_imports = _vm("VmRSS")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     nbytes = CHILDREN[mode](folder, n)
-    dt = time.perf_counter() - t0
-    return {"seconds": round(dt, 3), "bytes": nbytes, "gb_per_s": round(nbytes / 1e9 / dt, 3),
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "bytes": nbytes,
+            "gb_per_s": round(nbytes / 1e9 / dt, 3), "gb_per_cpu_s": round(nbytes / 1e9 / cpu, 3),
             "peak_rss_gb": round(_vm("VmHWM") / 1e9, 3), "rss_after_imports_gb": round(rss_after_imports / 1e9, 3)}
 
 
@@ -210,12 +227,52 @@ def run_child(mode: str, folder: Path, n: int, timeout: float) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _ab(folder: Path, n: int, rounds: int) -> dict:
+    """`rounds` rounds of (stream, stream_unchecked), the order alternating; medians of wall and CPU throughput."""
+    import statistics
+
+    runs: dict = {"stream": [], "stream_unchecked": []}
+    for r in range(rounds):
+        for mode in ("stream", "stream_unchecked") if r % 2 == 0 else ("stream_unchecked", "stream"):
+            runs[mode].append(run_child(mode, folder, n, 1800))
+    out: dict = {"rounds": rounds}
+    for mode, rows in runs.items():
+        for key in ("gb_per_s", "gb_per_cpu_s"):
+            vals = [x[key] for x in rows if key in x]
+            out[f"{mode}_{key}"] = vals
+            out[f"{mode}_{key}_median"] = statistics.median(vals) if vals else None
+    a, b = out["stream_gb_per_cpu_s_median"], out["stream_unchecked_gb_per_cpu_s_median"]
+    out["checked_over_unchecked_cpu_throughput"] = round(a / b, 3) if a and b else None
+    a, b = out["stream_gb_per_s_median"], out["stream_unchecked_gb_per_s_median"]
+    out["checked_over_unchecked_wall_throughput"] = round(a / b, 3) if a and b else None
+    return out
+
+
+def _ratios(doc: dict, model_bytes: int) -> None:
+    """Throughput and memory ratios between the measured modes (those that ran) into doc["ratios"]."""
+    s, r, nv, su = doc["stream"], doc["read"], doc.get("naive", {}), doc["stream_unchecked"]
+    ratios = {}
+    if "gb_per_s" in s and "gb_per_s" in r:
+        ratios["stream_over_read_throughput"] = round(s["gb_per_s"] / r["gb_per_s"], 3)
+    if "gb_per_s" in s and "gb_per_s" in su:
+        ratios["stream_over_unchecked_throughput"] = round(s["gb_per_s"] / su["gb_per_s"], 3)
+    if "gb_per_s" in s and "gb_per_s" in nv:
+        ratios["stream_over_naive_throughput"] = round(s["gb_per_s"] / nv["gb_per_s"], 3)
+        ratios["naive_over_stream_peak_rss"] = round(nv["peak_rss_gb"] / s["peak_rss_gb"], 3)
+    if "peak_rss_gb" in s:
+        ratios["stream_peak_rss_over_model_size"] = round(s["peak_rss_gb"] * 1e9 / model_bytes, 3)
+        doc["target_peak_rss_below_2_5_gb"] = s["peak_rss_gb"] < 2.5
+    doc["ratios"] = ratios
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-gb", type=float, default=1.0, help="size of each model (float32)")
     ap.add_argument("--n", type=int, default=10, help="number of candidates")
     ap.add_argument("--tmp", default="/tmp", help="parent folder of the temporary files")
     ap.add_argument("--skip-naive", action="store_true", help="do not run the load-everything baseline")
+    ap.add_argument("--ab-repeats", type=int, default=0,
+                    help="extra alternating rounds of stream / stream_unchecked (the finiteness checks' cost)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--dir", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -235,6 +292,9 @@ def main(argv=None):
                            "total_gb_on_disk": round(model_bytes * (a.n + 1) / 1e9, 3)}
         doc["read"] = run_child("read", folder, a.n, 1800)
         doc["stream"] = run_child("stream", folder, a.n, 1800)
+        doc["stream_unchecked"] = run_child("stream_unchecked", folder, a.n, 1800)
+        if a.ab_repeats > 0:
+            doc["finite_check_ab"] = _ab(folder, a.n, a.ab_repeats)
         need = model_bytes * (a.n + 3)
         if a.skip_naive:
             doc["naive"] = {"skipped": "--skip-naive"}
@@ -244,17 +304,7 @@ def main(argv=None):
             doc["naive"] = run_child("naive", folder, a.n, 1800)
             if "error" not in doc["naive"]:
                 doc["outputs"] = run_child("compare", folder, a.n, 1800)
-        s, r, nv = doc["stream"], doc["read"], doc.get("naive", {})
-        ratios = {}
-        if "gb_per_s" in s and "gb_per_s" in r:
-            ratios["stream_over_read_throughput"] = round(s["gb_per_s"] / r["gb_per_s"], 3)
-        if "gb_per_s" in s and "gb_per_s" in nv:
-            ratios["stream_over_naive_throughput"] = round(s["gb_per_s"] / nv["gb_per_s"], 3)
-            ratios["naive_over_stream_peak_rss"] = round(nv["peak_rss_gb"] / s["peak_rss_gb"], 3)
-        if "peak_rss_gb" in s:
-            ratios["stream_peak_rss_over_model_size"] = round(s["peak_rss_gb"] * 1e9 / model_bytes, 3)
-            doc["target_peak_rss_below_2_5_gb"] = s["peak_rss_gb"] < 2.5
-        doc["ratios"] = ratios
+        _ratios(doc, model_bytes)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
         doc["cleaned_up"] = not folder.exists()
