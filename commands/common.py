@@ -460,6 +460,11 @@ class CommandRun:
         if not self.writes:
             return Path(out) if out is not None else None
         existed = out is not None and Path(out).exists() and any(Path(out).iterdir())
+        from icmltools.core.runs import runs_root
+
+        # parents this run creates (runs/, runs/<command>/ or --out's): removed again with a failed run's folder
+        target = Path(out) if out is not None else runs_root() / self.command / "x"
+        self._new_parents = [p for p in reversed(target.absolute().parents) if not p.exists()]
         d = make_run_dir(self.command, out, allow_existing=allow_existing)
         self.run_dir, self._made_dir = d, not existed
         doc = {"command": self.command, "icml_version": self._version(), "seed": self.seed,
@@ -497,6 +502,9 @@ class CommandRun:
             return f"interrupted: the partial run is kept in {self.run_dir} (resume from it)"
         if interrupted or left <= {"config.json"}:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+            for parent in reversed(getattr(self, "_new_parents", [])):
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only if empty
         return None
 
     # ---- the summary a person reads

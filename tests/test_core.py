@@ -175,6 +175,10 @@ def test_run_folder_written_once_by_the_run(tmp_path):
 def test_failed_run_leaves_no_empty_folder_but_keeps_partial_work(tmp_path):
     r = _invoke(_runner_cmd("early"), ["--out", str(tmp_path / "e")])
     assert r.exit_code == 2 and not (tmp_path / "e").exists()
+    r = _invoke(_runner_cmd("early"), ["--out", str(tmp_path / "p" / "q" / "e")])
+    assert r.exit_code == 2 and not (tmp_path / "p").exists()  # parents it made go too
+    r = _invoke(_runner_cmd("early"), [])  # the default $ICML_RUNS_DIR/<command>/<time>/
+    assert r.exit_code == 2 and not (tmp_path / "runs").exists()
     r = _invoke(_runner_cmd("late"), ["--out", str(tmp_path / "l")])
     assert r.exit_code == 2 and (tmp_path / "l" / "weights.bin").exists()
     assert not (tmp_path / "l" / "result.json").exists()
