@@ -163,7 +163,7 @@ def check_contrib(s, n: int | None = None, src: str = "contributions") -> np.nda
 
 def default_game(cfg: GameConfig, seed: int, coalition_value: str = "all") -> CurveGame:
     """The embedded default (spec [inf]): groups i mod G, W = rho_in within / rho_out across, W_ii = 1,
-    gamma_i ~ U(gamma_low, gamma_high) from derive(seed) (bitwise numpy's default_rng(seed), the stream of the
+    gamma_i ~ U(gamma_low, gamma_high) from derive(seed) (bitwise numpy's default generator for that seed, the stream of the
     spec's prototype, so its reference table reproduces; the package's other streams carry stage keys)."""
     if cfg.n < 1:
         raise BadInputError("must be at least 1", param="n")
