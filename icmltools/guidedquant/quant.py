@@ -94,23 +94,23 @@ def p_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tens
 
 
 def p_step_plain(W, H, labels, C, cd_cycles: int = 4):
-    """The straightforward per-column numpy P-step (same sweep, one matrix-vector product per column):
-    the baseline of benchmarks/guidedquant_layers.py and a reference in the tests."""
+    """The straightforward per-column numpy P-step (same sweep, one matrix-vector product per column, reading
+    the contiguous row H[j] = H[:, j] of the symmetric H; the input's dtype): the baseline of
+    benchmarks/guidedquant_layers.py and a reference in the tests."""
     import numpy as np
 
-    W, H, C = (np.asarray(x, dtype=np.float64) for x in (W, H, C))
+    W, H, C = np.asarray(W), np.asarray(H), np.asarray(C)
     lab = np.array(labels, dtype=np.int64)
     G, d = H.shape[0], W.shape[1]
     gs = W.shape[0] // G
     for g in range(G):
         rows = slice(g * gs, (g + 1) * gs)
-        Hn = H[g] / np.diag(H[g])[None, :]
-        Wg, Cg = W[rows], C[rows]
+        Wg, Cg, Hg = W[rows], C[rows], H[g]
         D = np.take_along_axis(Cg, lab[rows], 1) - Wg
         r = np.arange(gs)
         for _ in range(cd_cycles):
             for j in range(d):
-                t = Wg[:, j] - (D @ Hn[:, j] - D[:, j] * Hn[j, j])
+                t = Wg[:, j] - (D @ Hg[j] - D[:, j] * Hg[j, j]) / Hg[j, j]
                 new = np.abs(t[:, None] - Cg).argmin(axis=1)
                 lab[rows, j] = new
                 D[:, j] = Cg[r, new] - Wg[:, j]
