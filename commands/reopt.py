@@ -85,31 +85,47 @@ def _history_kwargs(ctx, progress) -> dict:
             "jobs": ctx.params["jobs"], "progress": progress}
 
 
+def demo_options(f):
+    """The demo's options: on `demo` and on the bare group (`icml reopt --seed 3 --time-limit 1`)."""
+    f = click.option("--time-limit", type=SECONDS, default=options.DEMO.time_limit,
+                     help="Seconds per method and instance.")(f)
+    f = click.option("--jsonl", is_flag=True, help="Stream one JSON line per instance, then the envelope.")(f)
+    f = common.out_option()(f)
+    return common.standard_options(seed=True, device=True, threads=True)(f)
+
+
+DEMO_PARAMS = ("time_limit", "jsonl", "out", "seed", "device", "threads")
+
+
 @common.group("reopt", invoke_without_command=True, epilog=GROUP_EPILOG)
-@common.quiet_options
+@demo_options
 @click.pass_context
-def cli(ctx, quiet, verbose):
+def cli(ctx, quiet, verbose, **demo_params):
     """VP-OR-style reoptimization of modified MILPs on SCIP (PySCIPOpt).
 
     Predicts a solution space for a new instance from solved history instances, fixes variables chosen by
     Thompson sampling, releases fixings group-wise when a sub-MIP is infeasible, and compares with plain
     SCIP, SCIP warm-started with the previous solution, and SCIP's own reoptimization under the same time
-    limit. Without a subcommand it runs `demo`: two tiny generated series, every method, a few seconds.
+    limit. Without a subcommand it runs `demo` (its options work here too: `icml reopt --seed 3`).
     """
     flags = ctx.ensure_object(dict)  # shared with the root group: subcommands merge these with their own
     flags.update(quiet=bool(flags.get("quiet")) or quiet, verbose=(flags.get("verbose") or 0) + verbose)
     if ctx.invoked_subcommand is None:
-        ctx.invoke(demo)
+        ctx.invoke(demo, **demo_params)
+        return
+    given = [p.opts[0] for p in ctx.command.params if p.name in DEMO_PARAMS
+             and ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+    if given:
+        sub, one = ctx.invoked_subcommand, len(given) == 1
+        raise click.UsageError(f"{', '.join(given)} before '{sub}' {'is a demo option' if one else 'are demo options'}"
+                               f"; put {'it' if one else 'them'} after '{sub}'")
 
 
 @common.command("demo", param_flags=PARAM_FLAGS,
                 epilog="Examples:\n\n\b\n  icml reopt demo | jq '.result.overall.methods'\n  icml reopt demo --time-limit 1")
-@click.option("--time-limit", type=SECONDS, default=options.DEMO.time_limit, help="Seconds per method and instance.")
-@click.option("--jsonl", is_flag=True, help="Stream one JSON line per instance, then the envelope.")
-@common.out_option()
-@common.standard_options(seed=True, device=True, threads=True)
+@demo_options
 @click.pass_context
-def demo(ctx, time_limit, jsonl, out, seed, device, threads, quiet, verbose):
+def demo(ctx, time_limit, jsonl, out, seed, device, threads, quiet=False, verbose=0):
     """Generate tiny set-cover series (rhs and obj changes) and run every method on them."""
     from icmltools.reopt import api
 

@@ -450,3 +450,181 @@ def test_cli_errors_name_flags_and_run_folder(run_cli, tmp_path, obj_series):
     assert cfg["config"]["SeriesSpec"]["seed"] == 4 and cfg["config"]["SeriesSpec"]["n_instances"] == 2
     assert json.loads((out / "result.json").read_text())["test_file"] == doc["result"]["test_file"]
     assert doc["reference"]["venue"].startswith("ICML 2025")
+
+
+# ------------------------------------------------------------------------------------------ reliability (issue 19)
+
+_MPS = """NAME t
+ROWS
+ N obj
+ L c1
+COLUMNS
+    MARKER 'MARKER' 'INTORG'
+    x obj {obj} c1 {coef}
+    y obj -1 c1 1
+    MARKER 'MARKER' 'INTEND'
+RHS
+    RHS c1 {rhs}
+BOUNDS
+ UP BND x {ub}
+ UP BND y 5
+ENDATA
+"""
+
+
+def _mps(obj="-1", coef="1", rhs="3", ub="5") -> str:
+    return _MPS.format(obj=obj, coef=coef, rhs=rhs, ub=ub)
+
+
+BAD_FILES = {  # name -> content, written into the test's working folder
+    "ok.mps": _mps(),
+    "nan_rhs.mps": _mps(rhs="nan"),
+    "nan_coef.mps": _mps(coef="nan"),
+    "inf_coef.mps": _mps(coef="inf"),
+    "nan_obj.mps": _mps(obj="NaN"),
+    "inf_obj.mps": _mps(obj="-inf"),
+    "nan_bound.mps": _mps(ub="nan"),
+    "garbage.mps": "this is not MPS\n1 2 3\n",
+    "other.mps": _mps().replace(" y ", " z ").replace("BND y", "BND z"),
+    "afile": "a regular file, not a folder\n",
+    "one.test": "[TIMEOUT] 1\nok.mps\nnot_there.mps\n",
+}
+
+BAD_INPUTS = [  # argv after `icml reopt`, exit code, a substring of the one stderr line
+    (["solve", "nan_rhs.mps"], 2, "nan_rhs.mps: constraint 'c1' has sides [-1e+20, nan]"),
+    (["solve", "nan_coef.mps"], 2, "nan_coef.mps: constraint 'c1' has coefficient nan for variable 'x'"),
+    (["solve", "inf_coef.mps"], 2, "inf_coef.mps: SCIP could not read this file (coefficient of variable <x> in "
+                                   "constraint <c1> is infinite"),
+    (["solve", "nan_obj.mps"], 2, "nan_obj.mps: variable 'x' has objective coefficient nan"),
+    (["solve", "inf_obj.mps"], 2, "inf_obj.mps: SCIP could not read this file"),
+    (["solve", "nan_bound.mps"], 2, "nan_bound.mps: variable 'x' has bounds [0, nan]"),
+    (["solve", "garbage.mps"], 2, "garbage.mps: SCIP could not read this file"),
+    (["solve", "ok.mps", "--history", "nan_rhs.mps"], 2, "nan_rhs.mps: constraint 'c1' has sides"),
+    (["solve", "ok.mps", "--history", "other.mps"], 2, "different variable names"),
+    (["solve", "ok.mps", "--reference", "nan"], 2, "--reference"),
+    (["solve", "ok.mps", "--reference", "inf"], 2, "--reference"),
+    (["solve", "ok.mps", "--write-sol", "afile/x.sol"], 1, "cannot write afile/x.sol: not a directory"),
+    (["solve", "ok.mps", "--write-sol", "."], 2, "--write-sol"),
+    (["--seed", "3", "solve", "ok.mps"], 2, "--seed before 'solve' is a demo option"),
+    (["--time-limit", "nan"], 2, "--time-limit"),
+    (["series", "one.test"], 2, "not_there.mps"),
+    (["series", "ok.mps"], 2, "ok.mps"),
+]
+
+
+@pytest.fixture
+def bad_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name, text in BAD_FILES.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv,code,needle", BAD_INPUTS, ids=[" ".join(r[0]) for r in BAD_INPUTS])
+def test_bad_inputs(argv, code, needle, bad_files):
+    """One `Error:` line (SCIP's own C-level messages captured, no traceback), the exit code, empty stdout,
+    and no file left behind (the run folders root included)."""
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    res = CliRunner().invoke(cli, ["reopt", *argv])
+    assert res.exit_code == code, (res.exit_code, res.stdout[-500:], res.stderr[-1000:])
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+    left = sorted(str(p.relative_to(bad_files)) for p in bad_files.rglob("*") if p.is_file())
+    assert left == sorted(BAD_FILES), left
+
+
+def test_unbounded_and_infeasible_models_say_so(run_cli, bad_files):
+    """An unbounded model: status unbounded, no objective (SCIP's -1e20 'solution' is not one), nothing
+    written; an infeasible one: status infeasible. Both exit 0 with the proof on stderr."""
+    (bad_files / "unb.mps").write_text(_mps(rhs="3").replace("UP BND x 5", "PL BND x").replace(
+        "    y obj -1 c1 1", "    y obj 0 c1 -1").replace("UP BND y 5", "PL BND y"))
+    (bad_files / "infeas.mps").write_text(_mps(rhs="-1"))
+    for name, status in (("unb.mps", "unbounded"), ("infeas.mps", "infeasible")):
+        res, doc = run_cli(["reopt", "solve", name, "--method", "all", "--time-limit", "1", "--write-sol", "s.sol"])
+        rs = doc["result"]["results"]
+        assert [r["status"] for r in rs[:3]] == [status] * 3, rs
+        assert all(r["objective"] is None and r["feasible"] is None and r["primal_gap"] is None for r in rs)
+        assert doc["result"]["solution_written"] is None and not (bad_files / "s.sol").exists()
+        assert f"{name} is {status} (proved by scip)" in res.stderr
+
+
+def test_solve_without_history_warns_and_flags(run_cli, bad_files):
+    """Decision: a solve without history runs (plain SCIP is a fine thing to ask for), with a warning on
+    stderr and in the JSON, and VP-OR's record says it fell back."""
+    res, doc = run_cli(["reopt", "solve", "ok.mps", "--method", "vpor", "--method", "scip", "--time-limit", "1"])
+    assert "no history instances" in res.stderr and doc["result"]["warnings"]
+    vp = doc["result"]["results"][0]
+    assert vp["fallback"] == "no history solutions" and vp["objective"] == -3.0
+    _, doc = run_cli(["reopt", "solve", "ok.mps", "--method", "scip", "--time-limit", "1"])
+    assert doc["result"]["warnings"] == []
+
+
+def test_bare_command_takes_the_demo_options(run_cli, monkeypatch):
+    """`icml reopt --seed 3 --time-limit ...` runs the demo with those options (was a usage error)."""
+    from icmltools.reopt import api
+
+    seen = {}
+
+    def fake_demo(time_limit, cfg, out_dir, **kw):
+        seen.update(time_limit=time_limit, seed=cfg.seed)
+        return {"mode": "demo"}
+
+    monkeypatch.setattr(api, "demo", fake_demo)
+    _, doc = run_cli(["reopt", "-q", "--seed", "3", "--time-limit", "0.5", "--threads", "1"])
+    assert seen == {"time_limit": 0.5, "seed": 3} and doc["seed"] == 3
+
+
+# Ctrl-C: a real SIGINT in a subprocess while SCIP is solving (SCIP catches SIGINT itself).
+
+@pytest.fixture(scope="module")
+def small_series(tmp_path_factory):
+    return generate_series(SeriesSpec("setcover", "rhs", "small", 3, seed=0), tmp_path_factory.mktemp("small"))
+
+
+def _interrupt(args, tmp_path, after=4.0):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
+    env.update(ICML_RUNS_DIR=str(tmp_path / "runs"), ICML_REOPT_CACHE=str(tmp_path / "cache"))
+    p = subprocess.Popen([sys.executable, "-m", "icmltools", "reopt", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        time.sleep(after)
+        assert p.poll() is None, "finished before the signal"
+        t0 = time.perf_counter()
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=20)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert time.perf_counter() - t0 < 10
+    assert p.returncode == 130, err.decode()[-1000:]
+    assert out == b"" and "Traceback" not in err.decode()
+    assert err.decode().strip().splitlines() == ["Error: interrupted (nothing was written)"], err.decode()
+    left = [f for f in tmp_path.rglob("*") if f.is_file()]
+    assert not left, left  # no --write-sol file, no cache entry, no run folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,jobs", [("history", 1), ("history", 2), ("methods", 1), ("methods", 2)])
+def test_ctrl_c_stops_and_writes_nothing(stage, jobs, small_series, tmp_path):
+    """During the history solves (whose cut-short result must not be cached) or the methods (VP-OR's
+    sub-MIP loop and plain SCIP), in one process or in --jobs workers."""
+    inst = small_series["instances"]
+    args = ["solve", inst[2], "--history", inst[0], "--history", inst[1], "--time-limit", "30", "--write-sol",
+            "best.sol", "--jobs", str(jobs), "--method", "vpor", "--method", "scip"]
+    if stage == "methods":
+        sol = tmp_path.parent / f"{tmp_path.name}_h.json"
+        sol.write_text(json.dumps({"x000": 1.0}))
+        args += ["--history-sol", str(sol), "--history-sol", str(sol)]
+    _interrupt(args, tmp_path)

@@ -1,18 +1,21 @@
 """Library entry points of `icml reopt`: solve / series / generate / bench / demo (one call each)."""
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
 
 from .generators import generate_series
-from .history import default_cache_dir, pool_map, read_solution_file, solve_history, write_solution_file
+from .history import check_writable, default_cache_dir, pool_map, read_solution_file, solve_history, write_solution_file
 from .milp import check_instance_path, var_names
 from .options import DEFAULT_SOLVE_METHODS, DEMO, FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig
 from .predict import check_names
 from .series import best_of, parse_test_file, run_bench, run_series, series_time_limit, summarize
 from .solve import check_methods, method_job, score
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BenchConfig", "SeriesSpec", "SolveConfig", "bench", "demo", "generate", "series", "solve_instance"]
 
@@ -46,9 +49,35 @@ def _history_from_solves(history_paths: list, time_limit: float, cfg: SolveConfi
 def _write_best(out: dict, best, write_sol) -> None:
     if best is None:
         out["solution_written"] = None
+        log.warning("no method found a solution: nothing written to %s", write_sol)
     else:
         write_solution_file(write_sol, best.names, best.values, best.objective)
         out["solution_written"] = str(write_sol)
+
+
+def _history_warnings(history_paths, hist: list, methods) -> list:
+    """Decision (docs/reopt.md): a solve without history runs, with a warning on stderr and in the JSON;
+    VP-OR's record carries `fallback` (it runs as plain SCIP)."""
+    if not {"vpor", "warm"} & set(methods):
+        return []
+    if not history_paths:
+        msg = "no history instances: VP-OR and warm-started SCIP have nothing to start from and run as plain SCIP"
+    elif not any(h is not None for h in hist):
+        msg = "no history solutions (every history solve ended without one): VP-OR and warm-started SCIP run as " \
+              "plain SCIP"
+    else:
+        return []
+    log.warning(msg)
+    return [msg]
+
+
+def _log_proofs(path, results) -> None:
+    """Say on stderr when SCIP proved that the instance has no optimum (the JSON status says it too)."""
+    proofs = [r for r in results if r.status in ("infeasible", "unbounded", "infeasible_or_unbounded")]
+    proof = min(proofs, key=lambda r: r.method != "scip", default=None)
+    if proof is not None:
+        log.warning("%s is %s (proved by %s): no solution to report", path, proof.status.replace("_", " "),
+                    proof.method)
 
 
 def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEFAULT_SOLVE_METHODS,
@@ -60,6 +89,8 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEF
     cfg = (cfg or SolveConfig()).validate()
     methods = check_methods(methods)
     new_path = check_instance_path(new_path)
+    if write_sol is not None:
+        check_writable(write_sol)
     history_paths = [check_instance_path(p) for p in history_paths]
     names = var_names(new_path)
     for h in history_paths:
@@ -71,6 +102,7 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEF
                                                cache_dir or default_cache_dir(), jobs, progress)
     else:
         hist, hist_info = [], []
+    warnings = _history_warnings(history_paths, hist, methods)
     jobs_list = [(m, str(new_path), hist, replace(cfg), [str(p) for p in history_paths], cfg.predictor == "gnn")
                  for m in methods]
     results = pool_map(method_job, jobs_list, jobs, progress, "methods")
@@ -80,7 +112,9 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEF
             score(r, reference, cfg.time_limit)
     best_obj = best_of([r.objective for r in results if r.feasible], sense)
     best = next((r for r in results if r.feasible and r.objective == best_obj), None)
-    out = {"mode": "solve", "instance": str(new_path), "history": hist_info, "time_limit": cfg.time_limit,
+    _log_proofs(new_path, results)
+    out = {"mode": "solve", "instance": str(new_path), "history": hist_info, "warnings": warnings,
+           "time_limit": cfg.time_limit,
            "reference": reference, "results": [r.to_dict() for r in results],
            "best_method": best.method if best else None, "best_objective": best.objective if best else None}
     if write_sol is not None:

@@ -7,12 +7,12 @@ import logging
 import math
 import multiprocessing as mp
 import os
-from concurrent.futures import ProcessPoolExecutor
+import signal
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
 from icmltools.core.files import file_sha256
-from icmltools.core.jsonio import atomic_write_json, atomic_write_text
+from icmltools.core.jsonio import atomic_write_json, atomic_write_text, output_errors
 
 from .milp import check_instance_path
 from .options import SolveConfig
@@ -67,6 +67,25 @@ def read_solution_file(path) -> dict:
     return sol
 
 
+def check_writable(path, folder: bool = False) -> None:
+    """Fail before any work if `path` (a file, or with `folder` a folder) could not be written: 'cannot
+    write PATH: reason' (OutputError), as the writer would say after the work."""
+    import errno
+
+    p = Path(path)
+    with output_errors(path):
+        if p.is_dir() != folder and p.exists():
+            raise (IsADirectoryError(errno.EISDIR, "is a directory") if not folder
+                   else NotADirectoryError(errno.ENOTDIR, "not a directory"))
+        parent = p if folder else p.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+
+
 def write_solution_file(path, names, values, objective) -> None:
     """SCIP .sol text format (readable by SCIP's readSol and by `read_solution_file`)."""
     lines = ["solution status: feasible", f"objective value: {objective!r}"]
@@ -74,8 +93,22 @@ def write_solution_file(path, names, values, objective) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
+def _worker_init() -> None:
+    """In a `--jobs` worker: ignore SIGINT and let SCIP ignore it too; the parent stops its workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from . import solve
+
+    solve.CATCH_CTRL_C = False
+
+
+def _indexed(args):
+    fn, i, item = args
+    return i, fn(item)
+
+
 def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -> list:
-    """`[fn(x) for x in items]`, in `jobs` worker processes when jobs > 1 (order kept)."""
+    """`[fn(x) for x in items]`, in `jobs` worker processes when jobs > 1 (order kept). On Ctrl-C (or any
+    error) the workers are terminated at once, so no solve goes on (or writes a cache entry) after it."""
     out = [None] * len(items)
     if jobs <= 1 or len(items) <= 1:
         for i, it in enumerate(items):
@@ -84,20 +117,24 @@ def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -
                 progress(desc, i + 1, len(items))
         return out
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-        futs = {ex.submit(fn, it): i for i, it in enumerate(items)}
-        from concurrent.futures import as_completed
-
-        for done, f in enumerate(as_completed(futs), 1):
-            out[futs[f]] = f.result()
+    pool = ctx.Pool(min(jobs, len(items)), initializer=_worker_init)
+    try:
+        for done, (i, res) in enumerate(pool.imap_unordered(_indexed, [(fn, i, it) for i, it in enumerate(items)]), 1):
+            out[i] = res
             if progress:
                 progress(desc, done, len(items))
+    except BaseException:
+        pool.terminate()
+        pool.join()
+        raise
+    pool.close()
+    pool.join()
     return out
 
 
 def _history_job(args):
     path, time_limit, seed, cache_dir = args
-    from .solve import solve_scip
+    from .solve import solve_one
 
     sha = file_sha256(path)
     key = f"{sha}_t{time_limit:g}_s{seed}_v{CACHE_VERSION}.json"
@@ -109,7 +146,7 @@ def _history_job(args):
             return d
         except (OSError, json.JSONDecodeError):
             pass
-    res = solve_scip(path, SolveConfig(time_limit=time_limit, seed=seed))
+    res = solve_one("scip", path, [], SolveConfig(time_limit=time_limit, seed=seed))
     d = {"path": str(path), "sha256": sha, "time_limit": time_limit, "status": res.status,
          "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "cached": False}
     if cfile is not None and res.feasible:

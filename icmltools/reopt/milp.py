@@ -6,10 +6,14 @@ write/read round trip (spec, Stage 1).
 """
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
+import logging
 import math
 import os
+import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +24,8 @@ from icmltools.core.errors import BadInputError
 from icmltools.core.files import check_input_file
 
 SUPPORTED_SUFFIXES = (".mps", ".mps.gz", ".lp", ".lp.gz")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -178,22 +184,142 @@ def mps_bytes(milp: Milp, gz: bool) -> bytes:
 def new_model(verbose: bool = False):
     from pyscipopt import Model
 
+    _relay_scip_errors()
     m = Model()
     if not verbose:
         m.hideOutput()
     return m
 
 
-def read_model(path: str | os.PathLike, verbose: bool = False):
-    """A fresh PySCIPOpt model read from `path` (errors name the file)."""
+# SCIP prints its errors from C (`[reader_mps.c:402] ERROR: ...`) through one process-wide error printer,
+# even when a model's output is hidden. PySCIPOpt's `redirectOutput` points that printer at Python's
+# sys.stderr; `scip_errors` then collects those lines instead of letting them reach the terminal, and the
+# caller turns them into one error message.
+_RELAYED = False
+_SCIP_ERROR = re.compile(r"^\[[\w.+-]+:\d+\] ERROR: ")
+_RETCODE_LINE = re.compile(r"^Error <-?\d+> in function call$")
+
+
+def _relay_scip_errors() -> None:
+    global _RELAYED
+    if _RELAYED:
+        return
+    from pyscipopt import Model
+
+    relay = Model()
+    relay.hideOutput()
+    relay.redirectOutput()  # sets the process-wide error printer to write to Python's sys.stderr
+    _RELAYED = True
+
+
+class _ErrorSink:
+    """A sys.stderr stand-in: SCIP error lines are kept in `lines`, everything else passes through."""
+
+    def __init__(self, real):
+        self.real, self.lines, self._pending = real, [], ""
+
+    def write(self, s: str) -> int:
+        if self._pending or _SCIP_ERROR.match(s):
+            self._pending += s
+            *done, self._pending = self._pending.split("\n")
+            self.lines += [_SCIP_ERROR.sub("", ln).strip() for ln in done if ln.strip()]
+            return len(s)
+        return self.real.write(s)
+
+    def close_pending(self) -> None:
+        if self._pending.strip():
+            self.lines.append(_SCIP_ERROR.sub("", self._pending).strip())
+        self._pending = ""
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@contextlib.contextmanager
+def scip_errors():
+    """Collect SCIP's C-level error messages printed inside the block (yields the list of messages,
+    file/line prefixes removed) instead of letting them reach stderr."""
+    _relay_scip_errors()
+    sink = _ErrorSink(sys.stderr)
+    try:
+        with contextlib.redirect_stderr(sink):
+            yield sink.lines
+    finally:
+        sink.close_pending()
+        for ln in sink.lines:
+            log.debug("SCIP: %s", ln)
+
+
+@contextlib.contextmanager
+def c_stdout_silenced(silence: bool = True):
+    """Send what C code prints on stdout inside the block to /dev/null (SCIP's Ctrl-C handler prints
+    'pressed CTRL-C 1 times' there even when the model's output is hidden). C buffers are flushed on
+    both sides so nothing printed inside comes out later."""
+    if not silence:
+        yield
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.fflush(None)
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        libc.fflush(None)
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def scip_reason(errors: list, exc: BaseException | None = None) -> str:
+    """The most telling of SCIP's error messages (not the 'Error <-9> in function call' trail)."""
+    telling = [e for e in errors if not _RETCODE_LINE.match(e)]
+    if telling:
+        return telling[0]
+    return f"{type(exc).__name__}: {str(exc)[:160]}" if exc is not None else "unknown SCIP error"
+
+
+def check_numbers(model, path) -> None:
+    """Refuse NaN anywhere and infinities where they mean nothing (objective and matrix coefficients, a
+    lower bound or lhs of +inf, an upper bound or rhs of -inf): SCIP reads `nan` and solves as if the row
+    or bound were absent. Infinite bounds and sides (no bound) are fine."""
+    inf = model.infinity()
+    for v in model.getVars():
+        o, lb, ub = v.getObj(), v.getLbOriginal(), v.getUbOriginal()
+        if not (abs(o) < inf):
+            raise BadInputError(f"{path}: variable {v.name!r} has objective coefficient {o:g}")
+        if math.isnan(lb) or math.isnan(ub) or lb >= inf or ub <= -inf:
+            raise BadInputError(f"{path}: variable {v.name!r} has bounds [{lb:g}, {ub:g}]")
+    for c in model.getConss():
+        if c.getConshdlrName() != "linear":
+            continue
+        lhs, rhs = model.getLhs(c), model.getRhs(c)
+        if math.isnan(lhs) or math.isnan(rhs) or lhs >= inf or rhs <= -inf:
+            raise BadInputError(f"{path}: constraint {c.name!r} has sides [{lhs:g}, {rhs:g}]")
+        vals = model.getValsLinear(c)
+        a = np.fromiter(vals.values(), dtype=float, count=len(vals))
+        if not np.all(np.abs(a) < inf):
+            bad = next(k for k, x in vals.items() if not abs(x) < inf)
+            raise BadInputError(f"{path}: constraint {c.name!r} has coefficient {vals[bad]:g} for variable {bad!r}")
+
+
+def read_model(path: str | os.PathLike, verbose: bool = False, check: bool = True):
+    """A fresh PySCIPOpt model read from `path` (errors name the file; SCIP's own messages become the
+    error's reason). `check`: refuse non-finite numbers (`check_numbers`)."""
     p = check_instance_path(path)
     m = new_model(verbose)
-    try:
-        m.readProblem(str(p))
-    except Exception as e:  # SCIP raises a bare Exception / OSError on parse errors
-        raise BadInputError(f"{p}: SCIP could not read this file ({type(e).__name__}: {str(e)[:120]})") from None
+    with scip_errors() as errors:
+        try:
+            m.readProblem(str(p))
+        except Exception as e:  # SCIP raises a bare Exception / OSError on parse errors
+            raise BadInputError(f"{p}: SCIP could not read this file ({scip_reason(errors, e)})") from None
     if m.getNVars() == 0:
         raise BadInputError(f"{p}: the model has no variables")
+    if check:
+        check_numbers(m, p)
     return m
 
 

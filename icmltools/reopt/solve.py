@@ -11,15 +11,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from icmltools.core.errors import BadInputError
+from icmltools.core.errors import BadInputError, IcmlError
 from icmltools.core.seed import derive
 
-from .milp import check_instance_path, milp_from_model, read_milp, read_model
+from .milp import (
+    c_stdout_silenced,
+    check_instance_path,
+    milp_from_model,
+    read_milp,
+    read_model,
+    scip_errors,
+    scip_reason,
+)
 from .options import METHODS, SolveConfig  # noqa: F401  (SolveConfig re-exported: its home is options)
 from .predict import check_names, marginal_prediction
 from .ts import Prediction, ThompsonFixer, ts_stream
 
 log = logging.getLogger(__name__)
+
+CATCH_CTRL_C = True
+"""SCIP catches SIGINT during a solve and stops with status 'userinterrupt', which `optimize` raises as
+KeyboardInterrupt. `--jobs` workers set this to False (and ignore SIGINT): their parent stops them."""
+NO_HISTORY = "no history solutions"
 
 
 def check_methods(methods) -> list:
@@ -121,22 +134,42 @@ def _open(model, cfg: SolveConfig):
     return rec
 
 
-def _timed_optimize(model, rec, vars_, time_limit: float):
+def optimize(model, verbose: bool = False) -> str:
+    """`model.optimize()`, then SCIP's status; Ctrl-C during the solve (SCIP's 'userinterrupt') is raised
+    as KeyboardInterrupt, so nothing is reported, written or cached from a solve cut short. Unless
+    `verbose`, what SCIP prints on C stdout (its Ctrl-C notice) is dropped."""
+    model.setParam("misc/catchctrlc", CATCH_CTRL_C)
+    with c_stdout_silenced(not verbose):
+        model.optimize()
+    st = model.getStatus()
+    if st == "userinterrupt":
+        raise KeyboardInterrupt
+    return st
+
+
+def _timed_optimize(model, rec, vars_, time_limit: float, verbose: bool = False):
     """Solve under `time_limit` with the recorder's clock restarted: (seconds, values or None, status)."""
     model.setParam("limits/time", time_limit)
     rec.records = []
     rec.t0 = time.perf_counter()
-    model.optimize()
+    optimize(model, verbose)
     elapsed = time.perf_counter() - rec.t0
     x = _values(model, vars_)
-    return elapsed, x, _final_status(model, x)
+    st = _final_status(model, x)
+    return elapsed, (None if st in _NO_OPTIMUM else x), st
+
+
+_NO_OPTIMUM = ("infeasible", "unbounded", "infeasible_or_unbounded")
 
 
 def _values(model, vars_) -> np.ndarray | None:
+    """The best solution's values, or None (no solution, or SCIP's 'solution' of an unbounded model, which
+    holds infinite values)."""
     if model.getNSols() == 0:
         return None
     sol = model.getBestSol()
-    return np.array([model.getSolVal(sol, v) for v in vars_], dtype=float)
+    x = np.array([model.getSolVal(sol, v) for v in vars_], dtype=float)
+    return x if np.all(np.abs(x) < model.infinity()) else None
 
 
 def _status(model) -> str:
@@ -146,12 +179,14 @@ def _status(model) -> str:
 
 
 def _final_status(model, x) -> str:
+    """optimal / feasible / no_solution, or the proof that there is no optimum (infeasible, unbounded,
+    infeasible_or_unbounded: no solution is reported then)."""
     st = _status(model)
-    if st in ("unbounded", "infeasible_or_unbounded"):
-        return "unbounded" if x is not None else st
+    if st in _NO_OPTIMUM:
+        return st
     if x is not None:
         return "optimal" if st == "optimal" else "feasible"
-    return st if st in ("infeasible",) else "no_solution"
+    return "no_solution"
 
 
 def recheck(path, names: list, x: np.ndarray | None) -> dict:
@@ -263,7 +298,7 @@ def solve_scip(path, cfg: SolveConfig, start: dict | None = None, reference=None
     rec = _open(model, cfg)
     vars_ = model.getVars()
     details = {} if start is None else {"start_values": _add_partial_start(model, vars_, start)}
-    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit)
+    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit, cfg.verbose)
     res = MethodResult("scip" if start is None else "warm", st, solve_time=elapsed, values=x,
                        names=[v.name for v in vars_], details=details)
     return _finish(res, path, model.getObjectiveSense(), rec.records, cfg, reference)
@@ -291,13 +326,13 @@ def solve_reopt(path, prev_path, cfg: SolveConfig, reference=None) -> MethodResu
     rec = _open(model, cfg)
     model.enableReoptimization()
     model.setParam("limits/time", cfg.reopt_history_limit or cfg.time_limit)
-    model.optimize()
+    optimize(model, cfg.verbose)
     vars_ = model.getVars()
     obj_by_name = dict(zip(new.var_names, new.obj))
     model.freeReoptSolve()
     model.chgReoptObjective(quicksum(float(obj_by_name[v.name]) * v for v in vars_ if obj_by_name[v.name] != 0),
                             sense=new.sense)
-    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit)
+    elapsed, x, st = _timed_optimize(model, rec, vars_, cfg.time_limit, cfg.verbose)
     res = MethodResult("reopt", st, solve_time=elapsed, values=x, names=[v.name for v in vars_])
     return _finish(res, path, new.sense, rec.records, cfg, reference)
 
@@ -390,9 +425,10 @@ class _VporSearch:
         while self.remaining() > 0.05:
             keep = np.sort(np.concatenate([np.zeros(0, dtype=int)] + groups[released:])).astype(int)
             st, x = self._submip(sel, keep)
+            if st == "unbounded":  # a restriction of the instance is unbounded: so is the instance
+                self.proven = "unbounded"
+                break
             if x is not None:
-                if st in ("unbounded", "inforunbd"):
-                    self.proven = "unbounded"
                 return (x, st == "optimal" and len(keep) == 0), released, st
             if len(keep) == 0:  # the unrestricted instance has no solution
                 if st in ("infeasible", "unbounded", "inforunbd"):
@@ -420,9 +456,9 @@ class _VporSearch:
         # nothing fixed = the instance itself: give it all the remaining time (restarting it every sub-MIP
         # limit would only throw its search away)
         model.setParam("limits/time", max(0.05, remaining if len(keep) == 0 else min(self.sub_limit, remaining)))
-        model.optimize()
+        st = optimize(model, self.cfg.verbose)
         self.n_sub += 1
-        st, x = model.getStatus(), _values(model, inst.vars_)
+        x = None if st in ("unbounded", "inforunbd", "infeasible") else _values(model, inst.vars_)
         model.freeTransform()
         for k in keep:
             j = sel.idx[k]
@@ -481,14 +517,17 @@ def solve_vpor(path, history: list, cfg: SolveConfig, history_milps: list | None
     pred, extra = _stage1(model, inst, path, history, cfg, trained)
     details = {"predictor": cfg.predictor, "history": len(hist), **extra,
                "stage1_s": round(time.perf_counter() - t0, 4)}
+    if not hist:
+        details["fallback"] = NO_HISTORY
+        log.info("%s: %s; VP-OR runs as plain SCIP (nothing to predict from)", path, NO_HISTORY)
     rng = rng if rng is not None else ts_stream(cfg.seed).numpy()
     ts = ThompsonFixer(pred, cfg.fix_ratio, cfg.prior_strength, rng)
     details["eligible"] = ts.n_eligible
     search = _VporSearch(model, inst, ts, cfg, deadline=t0 + cfg.time_limit)
     search.run(with_history=bool(hist))
     details.update(search.details())
-    res = MethodResult("vpor", search.status(), solve_time=time.perf_counter() - t0, values=search.best_x,
-                       names=inst.names, details=details)
+    res = MethodResult("vpor", search.status(), solve_time=time.perf_counter() - t0,
+                       values=search.best_x if search.proven is None else None, names=inst.names, details=details)
     return _finish(res, path, inst.sense, rec.records, cfg, reference)
 
 
@@ -523,12 +562,21 @@ RUNNERS = {"vpor": _run_vpor, "scip": _run_scip, "warm": _run_warm, "reopt": _ru
 
 
 def solve_one(method: str, path, history: list, cfg: SolveConfig, history_paths: list | None = None,
-              history_milps: list | None = None, reference=None) -> MethodResult:
-    """Run `method` on instance `path` with the history solutions (name -> value dicts, oldest first)."""
+               history_milps: list | None = None, reference=None) -> MethodResult:
+    """Run `method` on instance `path` with the history solutions (name -> value dicts, oldest first).
+    SCIP's own error messages are collected; a failing SCIP call becomes one error naming the file."""
     cfg.validate()
     check_instance_path(path)
     check_methods([method])
-    return RUNNERS[method](path, history, cfg, history_paths, history_milps, reference)
+    with scip_errors() as errors:
+        try:
+            return RUNNERS[method](path, history, cfg, history_paths, history_milps, reference)
+        except IcmlError:
+            raise
+        except Exception as e:
+            if not (errors or str(e).startswith("SCIP")):
+                raise
+            raise BadInputError(f"{path}: SCIP failed on this instance ({scip_reason(errors, e)})") from None
 
 
 def method_job(args) -> MethodResult:
