@@ -775,14 +775,14 @@ def test_ctrl_c_writes_no_output_file(tmp_path):
     import time
 
     rng = np.random.default_rng(0)
-    np.save(tmp_path / "f.npy", rng.normal(0, 1, (60000, 32)).astype(np.float32))
-    np.save(tmp_path / "y.npy", rng.integers(0, 10, 60000))
+    np.save(tmp_path / "f.npy", rng.normal(0, 1, (100000, 32)).astype(np.float32))  # k-center: ~10 s of work
+    np.save(tmp_path / "y.npy", rng.integers(0, 10, 100000))
     before = _files(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
     env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
     p = subprocess.Popen([sys.executable, "-m", "icmltools", "subset-select", "--threads", "1", "-f", "f.npy",
                           "--labels", "y.npy", "-m", "ram-apl", "-m", "kcenter", "-r", "0.5", "--indices-out", "i.txt",
-                          "--scores-out", "s.npy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+                          "--scores-out", "s.npy", "--no-indices"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
     time.sleep(6)
     assert p.poll() is None, "finished before the signal"
     p.send_signal(signal.SIGINT)
