@@ -384,7 +384,7 @@ def test_process_info_roles():
 def test_torchrun_two_ranks_one_writer(tmp_path):
     """Under torchrun (gloo, CPU) rank 0 alone makes the run folder, saves and prints one JSON document."""
     out = tmp_path / "ddp"
-    args = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "icmltools", "fope-train",
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "icmltools", "fope-train",
             "-q", "--device", "cpu", "--pe", "rope,fope", "--out", str(out), *TINY]
     res = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
