@@ -43,9 +43,20 @@ def solver_options(f):
                      help="Recency weight of history solutions (weight decay^age)."),
         click.option("--predictor", type=click.Choice(options.PREDICTORS), default=SolveConfig.predictor,
                      help="Stage-1 predictor: history marginals, or a small bipartite GNN trained on the series."),
-        click.option("--history-limit", type=SECONDS, default=None,
+        click.option("--limit-kind", type=click.Choice(options.LIMIT_KINDS), default=SolveConfig.limit_kind,
+                     help="What a method's limit counts: wall seconds (--time-limit), or reproducible bit for bit: "
+                          "SCIP's deterministic time, B&B nodes or LP iterations (--budget; --time-limit is then "
+                          "a wall-clock cap)."),
+        click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Each method's budget in --limit-kind's unit (VP-OR: summed over its sub-MIPs)."),
+        click.option("--history-time-limit", "--history-limit", "history_limit", type=SECONDS, default=None,
                      help="Seconds for each plain-SCIP solve of a history instance [default: the time limit]. "
-                          "Results are cached by file hash."),
+                          "Every outcome is cached by file hash and limit."),
+        click.option("--history-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Budget of each history solve with a deterministic --limit-kind [default: --budget]."),
+        click.option("--widen/--no-widen", default=SolveConfig.widen,
+                     help="VP-OR: a sub-MIP that ends early or stalls halves the fix ratio, down to the full "
+                          "model started from the incumbent (ours; --no-widen: keep the ratio)."),
         click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
                      help="History cache [default: $ICML_REOPT_CACHE or $ICML_RUNS_DIR/_cache/reopt; bench and "
                           "demo: the run folder]."),
@@ -65,9 +76,10 @@ def method_option(default: tuple, help_text: str):
 
 
 @contextlib.contextmanager
-def _running(ctx, phase: str, seed, device=None, threads=None, packages=("numpy", "torch", "scipy", "pyscipopt"),
-             **kw):
+def _running(ctx, phase: str, seed, device=None, threads=None, packages=None, **kw):
     """The command's run (`CommandRun`) inside its timed phase: yields (run, progress callback)."""
+    packages = packages or _packages(ctx)
+    kw.setdefault("seed_torch", "torch" in packages)
     with common.CommandRun(ctx, "reopt", seed=seed, device=device, threads=threads, packages=packages,
                            reference=options.REFERENCE, param_flags=PARAM_FLAGS, **kw) as run:
         with run.timer.phase(phase), run.progress() as cb:
@@ -79,10 +91,27 @@ def _solver(ctx, run) -> SolveConfig:
     return SolveConfig.from_params(ctx.params, seed=run.seed, device=run.device, verbose=bool(run.verbose))
 
 
-def _history_kwargs(ctx, progress) -> dict:
-    """How history instances are solved (limit, cache, processes), from `solver_options`."""
-    return {"history_limit": ctx.params["history_limit"], "cache_dir": ctx.params["cache_dir"],
-            "jobs": ctx.params["jobs"], "progress": progress}
+def _history_kwargs(ctx, run, progress) -> dict:
+    """How history instances are solved (limit, cache, processes), from `solver_options`; the run says on
+    stderr how many history solves will run and how long they may take."""
+    def notice(n: int, limit, seconds: float) -> None:
+        run.log(f"solving {n} history instance(s) with plain SCIP, {limit.describe()} each: up to "
+                f"{_duration(seconds)} in all (cached afterwards; --history-time-limit shortens it)")
+
+    return {"history_limit": ctx.params["history_limit"], "history_budget": ctx.params["history_budget"],
+            "cache_dir": ctx.params["cache_dir"], "jobs": ctx.params["jobs"], "progress": progress,
+            "notice": notice}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else \
+        f"{seconds / 3600:.1f} h"
+
+
+def _packages(ctx) -> tuple:
+    """torch is imported (and its version recorded) only for the GNN predictor."""
+    gnn = ctx.params.get("predictor") == "gnn"
+    return ("numpy", "scipy", "pyscipopt") + (("torch",) if gnn else ())
 
 
 def demo_options(f):
@@ -95,6 +124,23 @@ def demo_options(f):
 
 
 DEMO_PARAMS = ("time_limit", "jsonl", "out", "seed", "device", "threads")
+
+
+def _summary_table(run, title: str, summary: dict) -> None:
+    """The summary a person reads at a terminal (stderr; the JSON on stdout is unchanged)."""
+    rows = []
+    for m, d in summary["methods"].items():
+        if not d.get("n"):
+            continue
+        gap = d.get("median_gap")
+        rows.append([options.METHOD_LABELS.get(m, m), d["n"], d["wins"],
+                     None if gap is None else f"{100 * gap:.2f} %",
+                     None if d.get("geomean_gap") is None else f"{100 * d['geomean_gap']:.3f} %",
+                     d.get("mean_primal_integral"), d["no_solution"], d["fallback"]])
+    run.table(title + (f"; no method found a solution on {summary['no_solution_instances']}"
+                       if summary.get("no_solution_instances") else ""),
+              ["method", "instances", "wins", "median gap", "geo-mean gap", "primal integral", "no solution",
+               "fallback"], rows)
 
 
 @common.group("reopt", invoke_without_command=True, epilog=GROUP_EPILOG)
@@ -161,7 +207,7 @@ def solve(ctx, instance, history, history_sol, method, reference, write_sol, see
 
     with _running(ctx, "solve", seed, device, threads) as (run, cb):
         run.result = api.solve_instance(instance, history, history_sol, method, _solver(ctx, run),
-                                        reference=reference, write_sol=write_sol, **_history_kwargs(ctx, cb))
+                                        reference=reference, write_sol=write_sol, **_history_kwargs(ctx, run, cb))
         if run.result.get("solution_written"):
             run.artifacts["solution"] = run.result["solution_written"]
 
@@ -181,15 +227,21 @@ def solve(ctx, instance, history, history_sol, method, reference, write_sol, see
               "(0-based); instance i uses instances 0..i-1 as history.")
 @click.option("--max-instances", type=click.IntRange(min=2), default=None, help="Use only the first N instances.")
 @click.option("--jsonl", is_flag=True, help="Stream one JSON line per instance, then the envelope with the summary.")
+@click.option("--write-sol", type=click.Path(file_okay=False), default=None,
+              help="Folder for every method's solution of every instance (<instance>.<method>.sol), written "
+                   "together at the end (or none).")
 @solver_options
-def series(ctx, test_file, method, time_limit, first, max_instances, jsonl, seed, device, threads, **_):
+def series(ctx, test_file, method, time_limit, first, max_instances, jsonl, write_sol, seed, device, threads, **_):
     """Run a MIPcc23-style series (`.test`: [TIMEOUT] t, then instance paths) with every method."""
     from icmltools.reopt import api
 
     with _running(ctx, "series", seed, device, threads) as (run, cb):
         run.result = api.series(test_file, method, _solver(ctx, run), time_limit=time_limit, first=first,
-                                max_instances=max_instances, keep_records=not jsonl,
-                                on_record=run.stream if jsonl else None, **_history_kwargs(ctx, cb))
+                                max_instances=max_instances, keep_records=not jsonl, write_sol=write_sol,
+                                on_record=run.stream if jsonl else None, **_history_kwargs(ctx, run, cb))
+        if write_sol is not None:
+            run.artifacts["solution_dir"] = str(write_sol)
+        _summary_table(run, f"{test_file}: {run.result['summary']['instances']} instance(s)", run.result["summary"])
 
 
 @common.command("generate", param_flags=PARAM_FLAGS, epilog="""Examples:
@@ -216,7 +268,7 @@ def generate(ctx, problem, mode, size, instances, strength, timeout, gz, out, se
     from icmltools.reopt import api
 
     spec = SeriesSpec(problem, mode, size, instances, seed, strength, timeout, gz)
-    with _running(ctx, "generate", seed, packages=("numpy", "scipy", "pyscipopt"), seed_torch=False) as (run, _cb):
+    with _running(ctx, "generate", seed) as (run, _cb):
         d = run.make_dir(out, config=api.resolved(spec))
         run.result = api.generate(spec, d)
         run.artifacts.update(test_file=run.result["test_file"], manifest=run.result["manifest"], dir=str(d))
@@ -256,7 +308,7 @@ def bench(ctx, problems, modes, size, seeds, instances, first, strength, method,
         cfg = _solver(ctx, run)
         d = run.make_dir(out, config=api.resolved(cfg, bench_cfg))
         run.result = api.bench(bench_cfg, method, cfg, d, on_record=run.stream if jsonl else None,
-                               **_history_kwargs(ctx, cb))
+                               **_history_kwargs(ctx, run, cb))
         run.artifacts["series_dir"] = str(d)
 
 

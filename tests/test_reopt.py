@@ -632,3 +632,165 @@ def test_ctrl_c_stops_and_writes_nothing(stage, jobs, small_series, tmp_path):
         sol.write_text(json.dumps({"x000": 1.0}))
         args += ["--history-sol", str(sol), "--history-sol", str(sol)]
     _interrupt(args, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ issue 12
+
+
+def test_penalize_moves_only_the_kept_fixings_toward_one_half():
+    pred = _pred()
+    ts = ThompsonFixer(pred, 0.7, 10, np.random.default_rng(0))
+    sel = ts.sample()
+    al, be = ts.alpha.copy(), ts.beta.copy()
+    kept = np.arange(5)
+    ts.penalize(sel, kept, 0.5)
+    idx = sel.idx[kept]
+    to_one = (pred.kind[idx] == "B") & (sel.new_lb[kept] < 0.5)
+    assert np.allclose(ts.alpha[idx] - al[idx], np.where(to_one, 0.5, 0.0))
+    assert np.allclose(ts.beta[idx] - be[idx], np.where(to_one, 0.0, 0.5))
+    others = np.setdiff1d(np.arange(100), idx)
+    assert np.array_equal(ts.alpha[others], al[others]) and np.array_equal(ts.beta[others], be[others])
+    # less confident: min(mean, 1 - mean) grew for every penalised binary
+    b = pred.kind[idx] == "B"
+    conf = lambda a, c: np.abs(a / (a + c) - 0.5)  # noqa: E731
+    assert np.all(conf(ts.alpha[idx[b]], ts.beta[idx[b]]) < conf(al[idx[b]], be[idx[b]]))
+
+
+LP = dict(limit_kind="lp-iterations", time_limit=60.0)
+
+
+def test_widening_a_subproblem_that_ends_early_leads_to_a_larger_space(obj_series):
+    """Tiny instances: a 70 % fixing is solved to optimality at once; when the next one brings no improvement
+    the ratio halves (fewer variables fixed), down to the full model started from the incumbent, which
+    proves optimality. Without widening (the old behaviour) only relaxations shrink the fixings: the full
+    model is never searched."""
+    paths = obj_series["instances"]
+    hist = _history(paths[:4])
+    res = solve_vpor(paths[4], hist, SolveConfig(budget=5000, seed=0, **LP))
+    seq = res.details["fixed_sequence"]
+    assert res.details["widenings"] >= 1 and res.details["failures"] >= 1, res.details
+    assert seq[0] > 0 and seq[-1] == 0 and res.details["full_model"] is True, seq
+    assert all(b <= a for a, b in zip(seq, seq[1:])), seq
+    assert res.status == "optimal" and res.feasible
+    stuck = solve_vpor(paths[4], hist, SolveConfig(budget=1500, seed=0, widen=False, **LP))
+    assert stuck.details["widenings"] == 0 and min(stuck.details["fixed_sequence"]) > 0, stuck.details
+    assert stuck.details["full_model"] is False and stuck.status == "feasible"  # never proves optimality
+
+
+def test_deterministic_budget_is_reproducible_and_honoured(obj_series):
+    paths = obj_series["instances"]
+    hist = _history(paths[:3])
+    for method in ("vpor", "scip"):
+        cfg = SolveConfig(budget=300, seed=2, **LP)
+        a, b = (solve_one(method, paths[3], hist, cfg) for _ in range(2))
+        assert a.objective == b.objective and a.work_incumbents == b.work_incumbents, method
+        assert a.details["limit_kind"] == "lp-iterations" and a.details["wall_cap_hit"] is False
+        assert a.details["used"] <= 300 + 200  # an LP in progress is not cut: a small overshoot, charged
+    with pytest.raises(BadInputError, match="budget"):
+        SolveConfig(limit_kind="nodes").validate()
+    with pytest.raises(BadInputError, match="budget"):
+        SolveConfig(budget=5.0).validate()
+
+
+def test_no_history_fallback_is_flagged_and_never_a_win(tmp_path):
+    """A facility series whose history solves all end without a solution (a tiny deterministic history
+    budget): VP-OR says `fallback`, the summary counts it, and it never counts as a win."""
+    from icmltools.reopt import api
+
+    r = generate_series(SeriesSpec("facility", "rhs", "tiny", 3, seed=1), tmp_path / "s")
+    cfg = SolveConfig(limit_kind="det-time", budget=0.5, time_limit=60.0)
+    res = api.series(r["test_file"], ["vpor", "scip"], cfg, first=2, history_budget=0.001, cache_dir=tmp_path / "c")
+    assert res["history_solutions"] == 0
+    vp = res["records"][0]["results"][0]
+    assert vp["method"] == "vpor" and vp["fallback"] == "no history solutions" and vp["feasible"]
+    s = res["summary"]
+    assert s["methods"]["vpor"]["fallback"] == 1 and s["methods"]["vpor"]["wins"] == 0
+    assert s["ratios"]["scip/vpor"]["vpor_better"] == 0 and s["ratios"]["scip/vpor"]["vpor_fallback"] == 1
+
+
+def test_failed_history_solves_are_cached(tmp_path):
+    from icmltools.reopt.history import HistoryLimit, solve_history
+
+    r = generate_series(SeriesSpec("facility", "rhs", "tiny", 2, seed=1), tmp_path / "s")
+    limit = HistoryLimit(60.0, "det-time", 0.001)
+    a = solve_history(r["instances"], limit, 0, tmp_path / "c")
+    b = solve_history(r["instances"], limit, 0, tmp_path / "c")
+    assert [h["status"] for h in a] == ["no_solution"] * 2 and [h["cached"] for h in a] == [False] * 2
+    assert [h["status"] for h in b] == ["no_solution"] * 2 and [h["cached"] for h in b] == [True] * 2
+    assert b[0]["limit"] == "det-time 0.001 (wall cap 60 s)" and {"y0", "y1", "x0_0"} <= set(b[0]["names"])
+    c = solve_history(r["instances"], HistoryLimit(60.0, "det-time", 0.5), 0, tmp_path / "c")  # other limit
+    assert [h["cached"] for h in c] == [False] * 2 and all(h["feasible"] for h in c)
+
+
+def test_summary_counts_unsolved_instances_and_writes_infinite_ratios_as_strings():
+    from icmltools.reopt.series import summarize
+
+    def rec(*rs):
+        return {"results": [dict(method=m, status=st, objective=o, primal_gap=g, primal_integral=None,
+                                 time_to_first=None, feasible=o is not None, **extra) for m, st, o, g, extra in rs]}
+
+    records = [rec(("vpor", "feasible", 10.0, 0.0, {}), ("scip", "feasible", 11.0, 0.1, {}))] + \
+        [rec(("vpor", "no_solution", None, None, {}), ("scip", "no_solution", None, None, {}))] * 4
+    s = summarize(records, ["vpor", "scip"])
+    assert s["instances"] == 5 and s["no_solution_instances"] == 4
+    assert s["methods"]["scip"]["n"] == 5 and s["methods"]["scip"]["no_solution"] == 4
+    assert s["ratios"]["scip/vpor"]["median_gap_ratio"] == "inf"
+    assert json.loads(json.dumps(s))["ratios"]["scip/vpor"]["median_gap_ratio"] == "inf"
+
+
+def test_series_writes_every_methods_solutions_and_works_on_partly_missing_files(run_cli, tmp_path, obj_series):
+    from icmltools.reopt.history import read_solution_file
+
+    inst = obj_series["instances"]
+    t = tmp_path / "partial.test"
+    t.write_text("[TIMEOUT] 1\n" + "".join(f"{p}\n" for p in inst[:2]) + "gone_1.mps.gz\n" + f"{inst[2]}\n"
+                 + f"{inst[3]}\ngone_2.mps.gz\n")
+    out = tmp_path / "sols"
+    res, doc = run_cli(["reopt", "series", str(t), "--method", "vpor", "--method", "scip", "--first", "2",
+                        "--max-instances", "3", "--write-sol", str(out), "--limit-kind", "lp-iterations",
+                        "--budget", "500", "--time-limit", "30"])
+    r = doc["result"]
+    assert r["n_instances"] == 3 and [m["path"] for m in r["missing"]] == ["gone_1.mps.gz", "gone_2.mps.gz"]
+    assert "2 listed instance(s) not found" in res.stderr and "solving 3 history instance(s)" in res.stderr
+    stem = Path(inst[2]).name[: -len(".mps.gz")]
+    assert sorted(p.name for p in out.iterdir()) == [f"{stem}.scip.sol", f"{stem}.vpor.sol"]
+    assert r["solutions_written"] == 2 and doc["artifacts"]["solution_dir"] == str(out)
+    sol = read_solution_file(out / f"{stem}.vpor.sol")
+    assert sol and all(k.startswith("x") for k in sol)
+
+
+def test_series_solution_folder_is_all_or_none(tmp_path, obj_series, monkeypatch):
+    """A failure after the first instance leaves no solution file (and no folder this run created)."""
+    from icmltools.reopt import api, series
+
+    calls = []
+    real = series._instance_record
+
+    def fail_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(series, "_instance_record", fail_second)
+    with pytest.raises(KeyboardInterrupt):
+        api.series(obj_series["test_file"], ["scip"], SolveConfig(budget=200, **LP), first=3,
+                   write_sol=tmp_path / "sols", cache_dir=tmp_path / "c")
+    assert len(calls) == 2 and not (tmp_path / "sols").exists()
+
+
+def test_history_matrix_is_vectorised_and_order_free():
+    import time
+
+    from icmltools.reopt.predict import history_matrix
+
+    n = 12500
+    names = [f"x{i:05d}" for i in range(n)]
+    rng = np.random.default_rng(0)
+    hist = [dict(zip(names, rng.integers(0, 2, n).astype(float))) for _ in range(15)]
+    t = time.perf_counter()
+    X = history_matrix(names, hist)
+    assert time.perf_counter() - t < 0.5  # ~10 ms; the per-value loop took ~0.1 s per solution
+    shuffled = [dict(reversed(list(h.items()))) for h in hist]
+    assert np.array_equal(X, history_matrix(names, shuffled))
+    assert np.isnan(history_matrix(names + ["new"], hist)[:, -1]).all()

@@ -8,11 +8,28 @@ from pathlib import Path
 from icmltools.core.errors import BadInputError
 
 from .generators import generate_series
-from .history import check_writable, default_cache_dir, pool_map, read_solution_file, solve_history, write_solution_file
+from .history import (
+    SolutionSet,
+    check_writable,
+    default_cache_dir,
+    names_of,
+    pool_map,
+    read_solution_file,
+    solve_history,
+    write_solution_file,
+)
 from .milp import check_instance_path, var_names
 from .options import DEFAULT_SOLVE_METHODS, DEMO, FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig
 from .predict import check_names
-from .series import best_of, parse_test_file, run_bench, run_series, series_time_limit, summarize
+from .series import (
+    best_of,
+    history_limit_of,
+    parse_test_file,
+    run_bench,
+    run_series,
+    series_time_limit,
+    summarize,
+)
 from .solve import check_methods, method_job, score
 
 log = logging.getLogger(__name__)
@@ -37,10 +54,10 @@ def _history_from_files(history_paths: list, history_sol_paths: list, names: lis
     return hist, [{"path": str(p), "source": str(s)} for p, s in zip(history_paths, history_sol_paths)]
 
 
-def _history_from_solves(history_paths: list, time_limit: float, cfg: SolveConfig, cache_dir, jobs: int,
-                         progress) -> tuple[list, list]:
+def _history_from_solves(history_paths: list, limit, cfg: SolveConfig, cache_dir, jobs: int, progress,
+                         notice) -> tuple[list, list]:
     """History solutions from plain-SCIP solves of the history instances (cached by file hash)."""
-    solved = solve_history(history_paths, time_limit, cfg.seed, cache_dir, jobs, progress)
+    solved = solve_history(history_paths, limit, cfg.seed, cache_dir, jobs, progress, notice)
     hist = [h["values"] if h.get("feasible") else None for h in solved]
     return hist, [{"path": h["path"], "status": h["status"], "objective": h["objective"], "cached": h["cached"]}
                   for h in solved]
@@ -80,62 +97,107 @@ def _log_proofs(path, results) -> None:
                     proof.method)
 
 
+def _clock():
+    import time
+
+    t = [time.perf_counter()]
+
+    def lap() -> float:
+        now = time.perf_counter()
+        dt, t[0] = now - t[0], now
+        return round(dt, 4)
+    return lap
+
+
+def _history(new_path, history_paths, history_sol_paths, methods, cfg, limit, cache_dir, jobs, progress, notice,
+             lap) -> tuple[list, list, dict]:
+    """Names checked (from the history cache where it has them), then the history solutions: (solutions,
+    their record, timings)."""
+    names = var_names(new_path)
+    for h in history_paths:
+        other = var_names(h) if history_sol_paths else names_of(h, limit, cfg.seed, cache_dir)
+        check_names(names, other, f"history instance {h}", f"new instance {new_path}")
+    timings = {"read_and_check_names_s": lap()}
+    if history_sol_paths:
+        hist, info = _history_from_files(history_paths, list(history_sol_paths), names, new_path)
+    elif history_paths:
+        hist, info = _history_from_solves(history_paths, limit, cfg, cache_dir, jobs, progress, notice)
+    else:
+        hist, info = [], []
+    timings["history_s"] = lap()
+    return hist, info, timings
+
+
 def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEFAULT_SOLVE_METHODS,
-                   cfg: SolveConfig | None = None, *, history_limit: float | None = None, cache_dir=None,
-                   jobs: int = 1, reference: float | None = None, write_sol=None, progress=None) -> dict:
+                   cfg: SolveConfig | None = None, *, history_limit: float | None = None,
+                   history_budget: float | None = None, cache_dir=None, jobs: int = 1, reference: float | None = None,
+                   write_sol=None, progress=None, notice=None) -> dict:
     """Solve one new instance with each method, using the history instances (oldest first): their
-    solutions from `history_sol_paths`, else from plain-SCIP solves cached in `cache_dir`
-    (default `default_cache_dir()`)."""
+    solutions from `history_sol_paths`, else from plain-SCIP solves (`series.history_limit_of`) cached in
+    `cache_dir` (default `default_cache_dir()`). `timings` says where the time outside the methods went."""
+    lap = _clock()
     cfg = (cfg or SolveConfig()).validate()
     methods = check_methods(methods)
     new_path = check_instance_path(new_path)
     if write_sol is not None:
         check_writable(write_sol)
     history_paths = [check_instance_path(p) for p in history_paths]
-    names = var_names(new_path)
-    for h in history_paths:
-        check_names(names, var_names(h), f"history instance {h}", f"new instance {new_path}")
-    if history_sol_paths:
-        hist, hist_info = _history_from_files(history_paths, list(history_sol_paths), names, new_path)
-    elif history_paths:
-        hist, hist_info = _history_from_solves(history_paths, history_limit or cfg.time_limit, cfg,
-                                               cache_dir or default_cache_dir(), jobs, progress)
-    else:
-        hist, hist_info = [], []
+    limit = history_limit_of(cfg, history_limit, history_budget)
+    hist, hist_info, timings = _history(new_path, history_paths, history_sol_paths, methods, cfg, limit,
+                                        cache_dir or default_cache_dir(), jobs, progress, notice, lap)
     warnings = _history_warnings(history_paths, hist, methods)
     jobs_list = [(m, str(new_path), hist, replace(cfg), [str(p) for p in history_paths], cfg.predictor == "gnn")
                  for m in methods]
     results = pool_map(method_job, jobs_list, jobs, progress, "methods")
+    timings["methods_s"] = lap()
     sense = next((r.sense for r in results if r.status != "not_applicable"), "minimize")
     if reference is not None:
         for r in results:
-            score(r, reference, cfg.time_limit)
+            score(r, reference, cfg)
     best_obj = best_of([r.objective for r in results if r.feasible], sense)
     best = next((r for r in results if r.feasible and r.objective == best_obj), None)
     _log_proofs(new_path, results)
     out = {"mode": "solve", "instance": str(new_path), "history": hist_info, "warnings": warnings,
-           "time_limit": cfg.time_limit,
+           "time_limit": cfg.time_limit, "limit_kind": cfg.limit_kind, "budget": cfg.budget,
            "reference": reference, "results": [r.to_dict() for r in results],
-           "best_method": best.method if best else None, "best_objective": best.objective if best else None}
+           "best_method": best.method if best else None, "best_objective": best.objective if best else None,
+           "timings": timings}
     if write_sol is not None:
         _write_best(out, best, write_sol)
     return out
 
 
 def series(test_file, methods=METHODS, cfg: SolveConfig | None = None, *, time_limit: float | None = None,
-           first: int = FIRST, max_instances: int | None = None, history_limit: float | None = None, cache_dir=None,
-           jobs: int = 1, keep_records: bool = True, on_record=None, progress=None) -> dict:
+           first: int = FIRST, max_instances: int | None = None, history_limit: float | None = None,
+           history_budget: float | None = None, cache_dir=None, jobs: int = 1, keep_records: bool = True,
+           write_sol=None, on_record=None, progress=None, notice=None) -> dict:
     """Run a MIPcc23-style series: the time limit is `time_limit`, else the file's [TIMEOUT], else
-    SolveConfig's default; `keep_records=False` leaves the per-instance records out (streamed instead)."""
+    SolveConfig's default; `keep_records=False` leaves the per-instance records out (streamed instead).
+    `write_sol`: a folder that receives every method's solution of every instance (all written at the end,
+    or none)."""
     spec = parse_test_file(test_file)
     cfg = replace(cfg or SolveConfig(), time_limit=series_time_limit(time_limit, spec["timeout"], test_file))
     methods = check_methods(methods)
-    res = run_series(test_file, methods, cfg, first=first, max_instances=max_instances, history_limit=history_limit,
-                     cache_dir=cache_dir or default_cache_dir(), jobs=jobs, on_record=on_record, progress=progress)
+    solutions = SolutionSet(write_sol) if write_sol is not None else None
+    try:
+        res = run_series(test_file, methods, cfg, first=first, max_instances=max_instances,
+                         history_limit=history_limit, history_budget=history_budget,
+                         cache_dir=cache_dir or default_cache_dir(), jobs=jobs, on_record=on_record,
+                         progress=progress, notice=notice, solutions=solutions)
+        written = solutions.commit() if solutions is not None else []
+    except BaseException:
+        if solutions is not None:
+            solutions.discard()
+        raise
     summary = summarize(res["records"], methods)
     if not keep_records:
         res.pop("records")
-    return {"mode": "series", "time_limit": cfg.time_limit, **res, "summary": summary}
+    out = {"mode": "series", "time_limit": cfg.time_limit, "limit_kind": cfg.limit_kind, "budget": cfg.budget,
+           **res, "summary": summary}
+    if write_sol is not None:
+        out["solutions_written"] = len(written)
+        out["solution_dir"] = str(write_sol)
+    return out
 
 
 def generate(spec: SeriesSpec, out_dir) -> dict:
@@ -144,12 +206,13 @@ def generate(spec: SeriesSpec, out_dir) -> dict:
 
 
 def bench(bench_cfg: BenchConfig, methods=METHODS, cfg: SolveConfig | None = None, out_dir=".", *,
-          history_limit: float | None = None, cache_dir=None, jobs: int = 1, on_record=None, progress=None,
-          mode: str = "bench") -> dict:
+          history_limit: float | None = None, history_budget: float | None = None, cache_dir=None, jobs: int = 1,
+          on_record=None, progress=None, notice=None, mode: str = "bench") -> dict:
     """Generated series, every method side by side (`series.run_bench`); history solves cached under
     `out_dir/cache` unless `cache_dir` is given."""
     res = run_bench(bench_cfg, methods, cfg or SolveConfig(), out_dir, history_limit=history_limit,
-                    cache_dir=cache_dir or Path(out_dir) / "cache", jobs=jobs, on_record=on_record, progress=progress)
+                    history_budget=history_budget, cache_dir=cache_dir or Path(out_dir) / "cache", jobs=jobs,
+                    on_record=on_record, progress=progress, notice=notice)
     return {"mode": mode, **res}
 
 

@@ -8,6 +8,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
@@ -15,9 +16,10 @@ from icmltools.core.files import file_sha256
 from icmltools.core.jsonio import atomic_write_json, atomic_write_text, output_errors
 
 from .milp import check_instance_path
-from .options import SolveConfig
+from .options import SolveConfig, check_budget
 
-CACHE_VERSION = 2  # bumped when the same (file, limit, seed) may solve differently (2: SCIP seed via derive)
+CACHE_VERSION = 3  # bumped when the same (file, limit, seed) may solve differently (2: SCIP seed via derive;
+#                   3: every outcome cached, deterministic budgets, variable names kept)
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +98,51 @@ def write_solution_file(path, names, values, objective) -> None:
 def _worker_init() -> None:
     """In a `--jobs` worker: ignore SIGINT and let SCIP ignore it too; the parent stops its workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from . import solve
+    from . import budget
 
-    solve.CATCH_CTRL_C = False
+    budget.CATCH_CTRL_C = False
 
 
 def _indexed(args):
     fn, i, item = args
     return i, fn(item)
+
+
+class SolutionSet:
+    """Solution files written into `folder` all or none: each goes to a hidden temporary file first, and
+    `commit` renames them all at the end; `discard` (on an error or Ctrl-C) removes the temporaries and a
+    folder this set created."""
+
+    def __init__(self, folder):
+        check_writable(folder, folder=True)
+        self.folder = Path(folder)
+        self._created = not self.folder.exists()
+        self._pending: list = []
+
+    def add(self, name: str, names, values, objective) -> str:
+        final = self.folder / name
+        with output_errors(final):
+            self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / f".{name}.part"
+        self._pending.append((tmp, final))
+        write_solution_file(tmp, names, values, objective)
+        return str(final)
+
+    def commit(self) -> list:
+        done = []
+        for tmp, final in self._pending:
+            with output_errors(final):
+                os.replace(tmp, final)
+            done.append(str(final))
+        self._pending = []
+        return done
+
+    def discard(self) -> None:
+        for tmp, _ in self._pending:
+            tmp.unlink(missing_ok=True)
+        self._pending = []
+        if self._created and self.folder.is_dir() and not any(self.folder.iterdir()):
+            self.folder.rmdir()
 
 
 def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -> list:
@@ -132,24 +171,65 @@ def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -
     return out
 
 
+@dataclass(frozen=True)
+class HistoryLimit:
+    """How each history instance is solved with plain SCIP: `time_limit` wall seconds, or a deterministic
+    `budget` of `kind` under that wall cap."""
+
+    time_limit: float
+    kind: str = "wall"
+    budget: float | None = None
+
+    def validate(self) -> HistoryLimit:
+        if not (self.time_limit > 0) or not math.isfinite(self.time_limit):
+            raise BadInputError(f"must be a positive number of seconds, got {self.time_limit}", param="history_limit")
+        check_budget(self.kind, self.budget, "history_budget")
+        return self
+
+    def key(self) -> str:
+        t = f"t{self.time_limit:g}"
+        return t if self.kind == "wall" else f"{self.kind}{self.budget:g}_{t}"
+
+    def describe(self) -> str:
+        return f"{self.time_limit:g} s" if self.kind == "wall" else \
+            f"{self.kind} {self.budget:g} (wall cap {self.time_limit:g} s)"
+
+    def config(self, seed: int) -> SolveConfig:
+        return SolveConfig(time_limit=self.time_limit, seed=seed, limit_kind=self.kind, budget=self.budget)
+
+
+def _cache_file(cache_dir, sha: str, limit: HistoryLimit, seed: int) -> Path | None:
+    return Path(cache_dir) / f"{sha}_{limit.key()}_s{seed}_v{CACHE_VERSION}.json" if cache_dir else None
+
+
+def _read_cache(cfile: Path | None) -> dict | None:
+    if cfile is None or not cfile.is_file():
+        return None
+    try:
+        d = json.loads(cfile.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    d["cached"] = True
+    return d
+
+
 def _history_job(args):
-    path, time_limit, seed, cache_dir = args
+    """Solve one history instance with plain SCIP; every outcome, with or without a solution, is cached
+    (status and limit in the entry, the limit in the key), so a rerun does not spend the limit again. An
+    interrupted solve raises before anything is written."""
+    path, limit, seed, cache_dir = args
     from .solve import solve_one
 
     sha = file_sha256(path)
-    key = f"{sha}_t{time_limit:g}_s{seed}_v{CACHE_VERSION}.json"
-    cfile = Path(cache_dir) / key if cache_dir else None
-    if cfile is not None and cfile.is_file():
-        try:
-            d = json.loads(cfile.read_text())
-            d["cached"] = True
-            return d
-        except (OSError, json.JSONDecodeError):
-            pass
-    res = solve_one("scip", path, [], SolveConfig(time_limit=time_limit, seed=seed))
-    d = {"path": str(path), "sha256": sha, "time_limit": time_limit, "status": res.status,
-         "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "cached": False}
-    if cfile is not None and res.feasible:
+    cfile = _cache_file(cache_dir, sha, limit, seed)
+    d = _read_cache(cfile)
+    if d is not None:
+        return d
+    res = solve_one("scip", path, [], limit.config(seed))
+    d = {"path": str(path), "sha256": sha, "limit": limit.describe(), "status": res.status,
+         "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "names": res.names,
+         "wall_cap_hit": bool(res.details.get("wall_cap_hit", False)), "cached": False}
+    if cfile is not None:
         try:
             atomic_write_json(cfile, d, indent=None)
         except OSError as e:  # a read-only cache is not fatal
@@ -157,13 +237,34 @@ def _history_job(args):
     return d
 
 
-def solve_history(paths: list, time_limit: float, seed: int = 0, cache_dir=None, jobs: int = 1,
-                  progress=None) -> list:
-    """Solve each history instance with plain SCIP under `time_limit` (cached by sha256 of the file,
-    the limit and the seed). Returns one dict per path: status, objective, values (or None), cached."""
-    if not (time_limit > 0) or not math.isfinite(time_limit):
-        raise BadInputError(f"must be a positive number of seconds, got {time_limit}", param="history_limit")
+def names_of(path, limit: HistoryLimit, seed: int, cache_dir) -> list:
+    """The variable names of an instance (SCIP's order): from its history-cache entry when it has one
+    (reading a large instance with SCIP costs far more than hashing it), else read with SCIP."""
+    from .milp import var_names
+
+    d = _read_cache(_cache_file(cache_dir, file_sha256(path), limit, seed))
+    if d is not None and d.get("names"):
+        return list(d["names"])
+    return var_names(path)
+
+
+def uncached(paths: list, limit: HistoryLimit, seed: int, cache_dir) -> list:
+    """The history instances among `paths` that would be solved (not in the cache)."""
+    return [p for p in paths if _read_cache(_cache_file(cache_dir, file_sha256(p), limit, seed)) is None]
+
+
+def solve_history(paths: list, limit: HistoryLimit | float, seed: int = 0, cache_dir=None, jobs: int = 1,
+                  progress=None, notice=None) -> list:
+    """Solve each history instance with plain SCIP under `limit` (a HistoryLimit, or wall seconds), cached by
+    sha256 of the file, the limit and the seed. Returns one dict per path: status, objective, values (or
+    None), names, cached. `notice(n, limit, seconds)` is told, before they start, how many solves will run
+    and how long they may take in all (None: unknown, deterministic budgets)."""
+    limit = (limit if isinstance(limit, HistoryLimit) else HistoryLimit(float(limit))).validate()
     for p in paths:
         check_instance_path(p)
-    return pool_map(_history_job, [(str(p), float(time_limit), int(seed), str(cache_dir) if cache_dir else None)
+    todo = uncached(paths, limit, seed, cache_dir)
+    if todo and notice is not None:
+        rounds = math.ceil(len(todo) / max(1, min(jobs, len(todo))))
+        notice(len(todo), limit, rounds * limit.time_limit)
+    return pool_map(_history_job, [(str(p), limit, int(seed), str(cache_dir) if cache_dir else None)
                                    for p in paths], jobs, progress, "history")

@@ -20,6 +20,7 @@ REFERENCE = paper(
 METHODS = ("vpor", "scip", "warm", "reopt")
 """vpor: VP-OR-style; scip: plain SCIP; warm: SCIP started from the previous solution; reopt: SCIP's own
 reoptimization (objective-only changes)."""
+METHOD_LABELS = {"vpor": "VP-OR-style", "scip": "SCIP", "warm": "warm SCIP", "reopt": "SCIP reopt"}
 DEFAULT_SOLVE_METHODS = ("vpor",)
 PREDICTORS = ("marginal", "gnn")
 PROBLEMS = ("setcover", "cauction", "facility", "indset")
@@ -27,11 +28,27 @@ MODES = ("obj", "rhs", "bnd", "mat", "mixed")
 SIZES = ("tiny", "small", "medium")
 FIRST = 1
 """First instance solved in a series (instance i uses instances 0..i-1 as history)."""
+LIMIT_KINDS = ("wall", "det-time", "nodes", "lp-iterations")
+"""What a method's limit counts: wall-clock seconds (`time_limit`), or, reproducible bit for bit, SCIP's
+deterministic time (SCIPgetDeterministicTime: LP iterations, bound changes and stop checks weighted by the
+matrix size), branch-and-bound nodes, or LP iterations (`budget`, summed over VP-OR's sub-MIPs)."""
 
 
 def _positive_seconds(value, param: str) -> None:
     if value is None or not (value > 0) or not math.isfinite(value):
         raise BadInputError(f"must be a positive number of seconds, got {value}", param=param)
+
+
+def check_budget(kind: str, budget, param: str) -> None:
+    """A budget goes with a deterministic limit kind (and is then required); wall limits are seconds."""
+    _choices((kind, LIMIT_KINDS, "limit_kind"))
+    if kind == "wall":
+        if budget is not None:
+            raise BadInputError(f"is for the limit kinds {', '.join(LIMIT_KINDS[1:])}; a wall-clock limit is "
+                                "given in seconds (time_limit)", param=param)
+        return
+    if budget is None or not (budget > 0) or not math.isfinite(budget):
+        raise BadInputError(f"give a positive {kind} budget with limit kind {kind!r}, got {budget}", param=param)
 
 
 def _choices(*checks) -> None:
@@ -56,9 +73,13 @@ class SolveConfig:
     seed: int = 0                     # root of every random stream (SCIP's seed shift, sampling, GNN)
     reopt_history_limit: float | None = None  # limit of the reopt baseline's solve of the previous instance
     verbose: bool = False             # SCIP's own output on stderr
+    limit_kind: str = "wall"          # LIMIT_KINDS; other than wall, time_limit is a wall-clock cap (ours)
+    budget: float | None = None       # the method's limit in limit_kind's unit (required unless wall)
+    widen: bool = True                # widen the fixings when a sub-MIP ends early or stalls (ours, issue 12)
 
     def validate(self) -> SolveConfig:
         _positive_seconds(self.time_limit, "time_limit")
+        check_budget(self.limit_kind, self.budget, "budget")
         if not (0 <= self.fix_ratio <= 1):
             raise BadInputError(f"must be in [0, 1], got {self.fix_ratio}", param="fix_ratio")
         if self.submip_limit is not None:

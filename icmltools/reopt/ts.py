@@ -5,7 +5,8 @@ Beta(alpha_j, beta_j) per eligible variable, initialised from the Stage-1 predic
 eligible variables with the smallest min(mu, 1 - mu) to round(mu); general integers are tightened to
 their predicted interval (their Beta models "the value lies in the interval", score 1 - mu). A reward
 (improved incumbent) moves the posterior of every variable toward the new incumbent; no update on
-reward 0.
+reward 0 (paper). Ours (issue 12): a sub-MIP that ends without improving is a failure for the fixings
+it kept, which moves their posterior back toward 1/2 (`penalize`).
 """
 from __future__ import annotations
 
@@ -124,3 +125,15 @@ class ThompsonFixer:
         hit = np.where(is_bin, np.clip(np.round(v), 0, 1), inside.astype(float))
         self.alpha[e] += self.step * hit
         self.beta[e] += self.step * (1.0 - hit)
+
+    def penalize(self, sel: Selection, active: np.ndarray, step: float = 0.5) -> None:
+        """A failure (ours): the fixings `active` (positions in `sel`) led to no improvement, so their variables
+        become less confident: a binary fixed to v gains `step` on the count of 1 - v, an integer on the
+        count of 'outside its interval'. Other variables are untouched."""
+        active = np.asarray(active, dtype=int)
+        if len(active) == 0 or step <= 0:
+            return
+        idx = sel.idx[active]
+        to_one = (self.pred.kind[idx] == "B") & (sel.new_lb[active] < 0.5)  # fixed to 0: evidence for 1
+        np.add.at(self.alpha, idx[to_one], step)
+        np.add.at(self.beta, idx[~to_one], step)

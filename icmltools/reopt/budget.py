@@ -1,0 +1,151 @@
+"""A method's limit on SCIP: wall-clock seconds, or a deterministic budget (SCIP's deterministic time,
+branch-and-bound nodes, LP iterations) that gives the same search, bit for bit, on every rerun.
+
+A budget is the method's whole allowance: VP-OR's sub-MIPs draw on it one after the other (`Budget.used`).
+The wall-clock limit stays as a cap on the deterministic kinds; a run the cap cuts short is flagged
+(`wall_cap_hit`), since it is no longer reproducible. The `Clock` event handler records incumbents on both
+axes (wall seconds and work) and stops a solve whose work reaches its share (SCIP has no parameter for a
+deterministic-time or LP-iteration limit; nodes use `limits/totalnodes`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from .milp import c_stdout_silenced
+from .options import SolveConfig
+
+CATCH_CTRL_C = True
+"""SCIP catches SIGINT during a solve and stops with status 'userinterrupt', which `optimize` raises as
+KeyboardInterrupt. `--jobs` workers set this to False (and ignore SIGINT): their parent stops them."""
+
+# how much work a model has done in its current solve (SCIP resets these statistics on every solve)
+WORK = {
+    "det-time": lambda m: float(m.getDeterministicTime()),
+    "nodes": lambda m: float(m.getNTotalNodes()),
+    "lp-iterations": lambda m: float(m.getNLPIterations()),
+}
+
+
+def optimize(model, verbose: bool = False, clock=None) -> str:
+    """`model.optimize()`, then SCIP's status; Ctrl-C during the solve (SCIP's 'userinterrupt', unless our
+    own `clock` stopped it at its budget) is raised as KeyboardInterrupt, so nothing is reported, written or
+    cached from a solve cut short. Unless `verbose`, what SCIP prints on C stdout (its Ctrl-C notice) is
+    dropped."""
+    model.setParam("misc/catchctrlc", CATCH_CTRL_C)
+    with c_stdout_silenced(not verbose):
+        model.optimize()
+    st = model.getStatus()
+    if st == "userinterrupt":
+        if clock is None or not clock.hit:
+            raise KeyboardInterrupt
+        return "budget"
+    return st
+
+
+@dataclass
+class Budget:
+    """One method's allowance: `amount` of `kind` (seconds for wall), under a wall-clock cap `wall`."""
+
+    kind: str
+    amount: float
+    wall: float
+    used: float = 0.0
+    t0: float = 0.0
+    wall_cap_hit: bool = False
+
+    @classmethod
+    def of(cls, cfg: SolveConfig, amount: float | None = None) -> Budget:
+        """The budget of a method run with `cfg` (`amount` overrides cfg.budget / cfg.time_limit)."""
+        kind = cfg.limit_kind
+        amount = float(amount if amount is not None else cfg.time_limit if kind == "wall" else cfg.budget)
+        return cls(kind, amount, amount if kind == "wall" else float(cfg.time_limit), t0=time.perf_counter())
+
+    @property
+    def deterministic(self) -> bool:
+        return self.kind != "wall"
+
+    def wall_left(self) -> float:
+        return self.wall - (time.perf_counter() - self.t0)
+
+    def left(self) -> float:
+        """What is left, in the budget's unit (0 once the wall cap has passed)."""
+        if not self.deterministic:
+            return max(0.0, self.wall_left())
+        return max(0.0, self.amount - self.used) if self.wall_left() > 0 else 0.0
+
+    def exhausted(self) -> bool:
+        """Nothing worth another solve is left: 50 ms of wall time, one node / iteration, or 1 % of a
+        deterministic-time budget."""
+        floor = {"wall": 0.05, "det-time": 0.01 * self.amount}.get(self.kind, 1.0)
+        return self.left() < floor
+
+    def fraction(self, fraction: float) -> float:
+        return self.amount * fraction
+
+    def solve(self, model, clock, share: float | None = None, verbose: bool = False) -> str:
+        """Solve `model` on at most `share` of what is left (default: all of it); charge what it used."""
+        share = self.left() if share is None else min(share, self.left())
+        wall_left = max(0.01, self.wall_left())
+        model.setParam("limits/time", min(share, wall_left) if not self.deterministic else wall_left)
+        if self.kind == "nodes":
+            model.setParam("limits/totalnodes", max(1, int(share)))
+        clock.begin(self.kind, share if self.kind in ("det-time", "lp-iterations") else math.inf, self.used)
+        t = time.perf_counter()
+        st = optimize(model, verbose, clock)
+        spent = time.perf_counter() - t
+        self.used += spent if not self.deterministic else WORK[self.kind](model)
+        if self.deterministic and st == "timelimit":
+            self.wall_cap_hit = True
+        return st
+
+    def to_dict(self) -> dict:
+        d = {"limit_kind": self.kind, "budget": self.amount, "used": round(self.used, 4)}
+        if self.deterministic:
+            d["wall_cap"] = self.wall
+            d["wall_cap_hit"] = self.wall_cap_hit
+        return d
+
+
+def make_clock():
+    """An event handler that records incumbents as (wall seconds since `t0`, work so far, objective) and
+    interrupts a solve whose work reaches `limit` (deterministic time or LP iterations)."""
+    from pyscipopt import SCIP_EVENTTYPE, Eventhdlr
+
+    watch = {"det-time": ("NODESOLVED", "LPSOLVED", "PRESOLVEROUND"), "lp-iterations": ("NODESOLVED", "LPSOLVED")}
+
+    class Clock(Eventhdlr):
+        def __init__(self):
+            super().__init__()
+            self.t0 = time.perf_counter()
+            self.records: list = []
+            self.kind, self.limit, self.offset, self.hit = "wall", math.inf, 0.0, False
+            self._caught: list = []
+
+        def begin(self, kind: str, limit: float, offset: float) -> None:
+            """Before a solve: its work limit (inf: none) and the work done before it (by earlier solves)."""
+            self.kind, self.limit, self.offset, self.hit = kind, limit, offset, False
+
+        def work(self) -> float:
+            return self.offset + (WORK[self.kind](self.model) if self.kind in WORK else 0.0)
+
+        def eventinit(self):
+            self._caught = [SCIP_EVENTTYPE.BESTSOLFOUND] + [getattr(SCIP_EVENTTYPE, e)
+                                                            for e in watch.get(self.kind, ())]
+            for e in self._caught:
+                self.model.catchEvent(e, self)
+
+        def eventexit(self):
+            for e in self._caught:
+                self.model.dropEvent(e, self)
+
+        def eventexec(self, event):
+            if event.getType() == SCIP_EVENTTYPE.BESTSOLFOUND:
+                sol = self.model.getBestSol()
+                self.records.append((time.perf_counter() - self.t0, self.work(), self.model.getSolObjVal(sol)))
+            if not self.hit and self.work() - self.offset >= self.limit:
+                self.hit = True
+                self.model.interruptSolve()
+
+    return Clock()
