@@ -596,7 +596,7 @@ def _interrupt(args, tmp_path, after=9.0):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
     env.update(ICML_RUNS_DIR=str(tmp_path / "runs"), ICML_REOPT_CACHE=str(tmp_path / "cache"))
-    p = subprocess.Popen([sys.executable, "-m", "icmltools", "reopt", *args], stdout=subprocess.PIPE,
+    p = subprocess.Popen([sys.executable, "-m", "icmltools", "reopt", "-q", *args], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env, cwd=tmp_path, start_new_session=True)
     try:
         time.sleep(after)
