@@ -24,7 +24,8 @@ GROUP_EPILOG = """Examples:
 
 SECONDS = click.FloatRange(min=0, min_open=True)
 # library parameter -> flag where the names differ
-PARAM_FLAGS = {"methods": "--method", "n_instances": "--instances"}
+PARAM_FLAGS = {"methods": "--method", "n_instances": "--instances", "history_limit": "--history-time-limit",
+               "limit_kind": "--limit-kind", "history_kind": "--history-limit-kind"}
 
 
 def solver_options(f):
@@ -52,8 +53,13 @@ def solver_options(f):
         click.option("--history-time-limit", "--history-limit", "history_limit", type=SECONDS, default=None,
                      help="Seconds for each plain-SCIP solve of a history instance [default: the time limit]. "
                           "Every outcome is cached by file hash and limit."),
+        click.option("--history-limit-kind", "history_kind", type=click.Choice(options.LIMIT_KINDS), default=None,
+                     help="What each history solve's limit counts [default: --limit-kind]."),
         click.option("--history-budget", type=click.FloatRange(min=0, min_open=True), default=None,
-                     help="Budget of each history solve with a deterministic --limit-kind [default: --budget]."),
+                     help="Budget of each history solve with a deterministic kind [default: --budget when the kinds "
+                          "agree]."),
+        click.option("--full-share", type=click.FloatRange(0, 1), default=SolveConfig.full_share,
+                     help="VP-OR: share of the limit kept for the full model, started from the incumbent (ours)."),
         click.option("--widen/--no-widen", default=SolveConfig.widen,
                      help="VP-OR: a sub-MIP that ends early or stalls halves the fix ratio, down to the full "
                           "model started from the incumbent (ours; --no-widen: keep the ratio)."),
@@ -91,14 +97,20 @@ def _solver(ctx, run) -> SolveConfig:
     return SolveConfig.from_params(ctx.params, seed=run.seed, device=run.device, verbose=bool(run.verbose))
 
 
+NOTICE_S = 60  # history solves that may take this long in all are announced on stderr
+
+
 def _history_kwargs(ctx, run, progress) -> dict:
     """How history instances are solved (limit, cache, processes), from `solver_options`; the run says on
     stderr how many history solves will run and how long they may take."""
     def notice(n: int, limit, seconds: float) -> None:
+        if seconds < NOTICE_S:
+            return
         run.log(f"solving {n} history instance(s) with plain SCIP, {limit.describe()} each: up to "
                 f"{_duration(seconds)} in all (cached afterwards; --history-time-limit shortens it)")
 
     return {"history_limit": ctx.params["history_limit"], "history_budget": ctx.params["history_budget"],
+            "history_kind": ctx.params["history_kind"],
             "cache_dir": ctx.params["cache_dir"], "jobs": ctx.params["jobs"], "progress": progress,
             "notice": notice}
 
@@ -115,15 +127,17 @@ def _packages(ctx) -> tuple:
 
 
 def demo_options(f):
-    """The demo's options: on `demo` and on the bare group (`icml reopt --seed 3 --time-limit 1`)."""
+    """The demo's options: on `demo` and on the bare group (`icml reopt --seed 3 --budget 1000`)."""
+    f = click.option("--limit-kind", type=click.Choice(options.LIMIT_KINDS), default=options.DEMO_LIMIT_KIND,
+                     help="What each method's limit counts (the demo's default is reproducible bit for bit).")(f)
+    f = click.option("--budget", type=click.FloatRange(min=0, min_open=True), default=options.DEMO_BUDGET,
+                     help="Each method's budget in --limit-kind's unit (ignored with --limit-kind wall).")(f)
     f = click.option("--time-limit", type=SECONDS, default=options.DEMO.time_limit,
-                     help="Seconds per method and instance.")(f)
+                     help="Seconds per method and instance: the limit with --limit-kind wall, else a wall-clock "
+                          "cap.")(f)
     f = click.option("--jsonl", is_flag=True, help="Stream one JSON line per instance, then the envelope.")(f)
     f = common.out_option()(f)
     return common.standard_options(seed=True, device=True, threads=True)(f)
-
-
-DEMO_PARAMS = ("time_limit", "jsonl", "out", "seed", "device", "threads")
 
 
 def _summary_table(run, title: str, summary: dict) -> None:
@@ -141,6 +155,9 @@ def _summary_table(run, title: str, summary: dict) -> None:
                        if summary.get("no_solution_instances") else ""),
               ["method", "instances", "wins", "median gap", "geo-mean gap", "primal integral", "no solution",
                "fallback"], rows)
+
+
+DEMO_PARAMS = ("limit_kind", "budget", "time_limit", "jsonl", "out", "seed", "device", "threads")
 
 
 @common.group("reopt", invoke_without_command=True, epilog=GROUP_EPILOG)
@@ -168,18 +185,27 @@ def cli(ctx, quiet, verbose, **demo_params):
 
 
 @common.command("demo", param_flags=PARAM_FLAGS,
-                epilog="Examples:\n\n\b\n  icml reopt demo | jq '.result.overall.methods'\n  icml reopt demo --time-limit 1")
+                epilog="Examples:\n\n\b\n  icml reopt demo | jq '.result.overall.methods'\n"
+                       "  icml reopt demo --limit-kind wall --time-limit 3")
 @demo_options
 @click.pass_context
-def demo(ctx, time_limit, jsonl, out, seed, device, threads, quiet=False, verbose=0):
-    """Generate tiny set-cover series (rhs and obj changes) and run every method on them."""
+def demo(ctx, limit_kind, budget, time_limit, jsonl, out, seed, device, threads, quiet=False, verbose=0):
+    """A small facility-location series whose demands change: plain SCIP does not finish within the budget,
+    VP-OR-style reoptimization does better (every method, a table at a terminal; about 30 s)."""
     from icmltools.reopt import api
 
     with _running(ctx, "bench", seed, device, threads) as (run, cb):
-        cfg = SolveConfig(seed=run.seed, verbose=bool(run.verbose))
+        cfg = api.demo_solver(SolveConfig(seed=run.seed, verbose=bool(run.verbose), time_limit=time_limit),
+                              limit_kind, budget)
         d = run.make_dir(out, config=api.resolved(cfg, api.demo_config(time_limit)))
         run.result = api.demo(time_limit, cfg, d, on_record=run.stream if jsonl else None, progress=cb)
         run.artifacts["series_dir"] = str(d)
+        _summary_table(run, _bench_title("demo", run.result), run.result["overall"])
+
+
+def _bench_title(what: str, res: dict) -> str:
+    limit = f"{res['budget']:g} {res['limit_kind']}" if res["limit_kind"] != "wall" else f"{res['time_limit']:g} s"
+    return f"{what}: {res['n_instances']} new instance(s), {limit} per method"
 
 
 @common.command("solve", param_flags=PARAM_FLAGS, epilog="""Examples:
@@ -310,6 +336,8 @@ def bench(ctx, problems, modes, size, seeds, instances, first, strength, method,
         run.result = api.bench(bench_cfg, method, cfg, d, on_record=run.stream if jsonl else None,
                                **_history_kwargs(ctx, run, cb))
         run.artifacts["series_dir"] = str(d)
+        for group, summary in run.result["by_series_group"].items():
+            _summary_table(run, f"{group}: {summary['instances']} new instance(s)", summary)
 
 
 for _sub in (demo, solve, series, generate, bench):

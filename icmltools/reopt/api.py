@@ -12,14 +12,23 @@ from .history import (
     SolutionSet,
     check_writable,
     default_cache_dir,
-    names_of,
     pool_map,
     read_solution_file,
     solve_history,
     write_solution_file,
 )
 from .milp import check_instance_path, var_names
-from .options import DEFAULT_SOLVE_METHODS, DEMO, FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig
+from .options import (
+    DEFAULT_SOLVE_METHODS,
+    DEMO,
+    DEMO_BUDGET,
+    DEMO_LIMIT_KIND,
+    FIRST,
+    METHODS,
+    BenchConfig,
+    SeriesSpec,
+    SolveConfig,
+)
 from .predict import check_names
 from .series import (
     best_of,
@@ -55,9 +64,10 @@ def _history_from_files(history_paths: list, history_sol_paths: list, names: lis
 
 
 def _history_from_solves(history_paths: list, limit, cfg: SolveConfig, cache_dir, jobs: int, progress,
-                         notice) -> tuple[list, list]:
-    """History solutions from plain-SCIP solves of the history instances (cached by file hash)."""
-    solved = solve_history(history_paths, limit, cfg.seed, cache_dir, jobs, progress, notice)
+                         notice, expect) -> tuple[list, list]:
+    """History solutions from plain-SCIP solves of the history instances (cached by file hash; names checked
+    against the new instance's before each solve)."""
+    solved = solve_history(history_paths, limit, cfg.seed, cache_dir, jobs, progress, notice, expect)
     hist = [h["values"] if h.get("feasible") else None for h in solved]
     return hist, [{"path": h["path"], "status": h["status"], "objective": h["objective"], "cached": h["cached"]}
                   for h in solved]
@@ -111,17 +121,19 @@ def _clock():
 
 def _history(new_path, history_paths, history_sol_paths, methods, cfg, limit, cache_dir, jobs, progress, notice,
              lap) -> tuple[list, list, dict]:
-    """Names checked (from the history cache where it has them), then the history solutions: (solutions,
+    """The history solutions, every history instance's variable names checked against the new instance's
+    (from the history cache where it has them, else when the instance is read for its solve): (solutions,
     their record, timings)."""
     names = var_names(new_path)
-    for h in history_paths:
-        other = var_names(h) if history_sol_paths else names_of(h, limit, cfg.seed, cache_dir)
-        check_names(names, other, f"history instance {h}", f"new instance {new_path}")
-    timings = {"read_and_check_names_s": lap()}
+    if history_sol_paths:
+        for h in history_paths:
+            check_names(names, var_names(h), f"history instance {h}", f"new instance {new_path}")
+    timings = {"read_new_s": lap()}
     if history_sol_paths:
         hist, info = _history_from_files(history_paths, list(history_sol_paths), names, new_path)
     elif history_paths:
-        hist, info = _history_from_solves(history_paths, limit, cfg, cache_dir, jobs, progress, notice)
+        hist, info = _history_from_solves(history_paths, limit, cfg, cache_dir, jobs, progress, notice,
+                                          (names, f"new instance {new_path}"))
     else:
         hist, info = [], []
     timings["history_s"] = lap()
@@ -130,7 +142,8 @@ def _history(new_path, history_paths, history_sol_paths, methods, cfg, limit, ca
 
 def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEFAULT_SOLVE_METHODS,
                    cfg: SolveConfig | None = None, *, history_limit: float | None = None,
-                   history_budget: float | None = None, cache_dir=None, jobs: int = 1, reference: float | None = None,
+                   history_budget: float | None = None, history_kind: str | None = None, cache_dir=None,
+                   jobs: int = 1, reference: float | None = None,
                    write_sol=None, progress=None, notice=None) -> dict:
     """Solve one new instance with each method, using the history instances (oldest first): their
     solutions from `history_sol_paths`, else from plain-SCIP solves (`series.history_limit_of`) cached in
@@ -142,7 +155,7 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEF
     if write_sol is not None:
         check_writable(write_sol)
     history_paths = [check_instance_path(p) for p in history_paths]
-    limit = history_limit_of(cfg, history_limit, history_budget)
+    limit = history_limit_of(cfg, history_limit, history_budget, history_kind)
     hist, hist_info, timings = _history(new_path, history_paths, history_sol_paths, methods, cfg, limit,
                                         cache_dir or default_cache_dir(), jobs, progress, notice, lap)
     warnings = _history_warnings(history_paths, hist, methods)
@@ -169,7 +182,8 @@ def solve_instance(new_path, history_paths=(), history_sol_paths=(), methods=DEF
 
 def series(test_file, methods=METHODS, cfg: SolveConfig | None = None, *, time_limit: float | None = None,
            first: int = FIRST, max_instances: int | None = None, history_limit: float | None = None,
-           history_budget: float | None = None, cache_dir=None, jobs: int = 1, keep_records: bool = True,
+           history_budget: float | None = None, history_kind: str | None = None, cache_dir=None, jobs: int = 1,
+           keep_records: bool = True,
            write_sol=None, on_record=None, progress=None, notice=None) -> dict:
     """Run a MIPcc23-style series: the time limit is `time_limit`, else the file's [TIMEOUT], else
     SolveConfig's default; `keep_records=False` leaves the per-instance records out (streamed instead).
@@ -181,7 +195,7 @@ def series(test_file, methods=METHODS, cfg: SolveConfig | None = None, *, time_l
     solutions = SolutionSet(write_sol) if write_sol is not None else None
     try:
         res = run_series(test_file, methods, cfg, first=first, max_instances=max_instances,
-                         history_limit=history_limit, history_budget=history_budget,
+                         history_limit=history_limit, history_budget=history_budget, history_kind=history_kind,
                          cache_dir=cache_dir or default_cache_dir(), jobs=jobs, on_record=on_record,
                          progress=progress, notice=notice, solutions=solutions)
         written = solutions.commit() if solutions is not None else []
@@ -206,12 +220,14 @@ def generate(spec: SeriesSpec, out_dir) -> dict:
 
 
 def bench(bench_cfg: BenchConfig, methods=METHODS, cfg: SolveConfig | None = None, out_dir=".", *,
-          history_limit: float | None = None, history_budget: float | None = None, cache_dir=None, jobs: int = 1,
+          history_limit: float | None = None, history_budget: float | None = None, history_kind: str | None = None,
+          cache_dir=None, jobs: int = 1,
           on_record=None, progress=None, notice=None, mode: str = "bench") -> dict:
     """Generated series, every method side by side (`series.run_bench`); history solves cached under
     `out_dir/cache` unless `cache_dir` is given."""
     res = run_bench(bench_cfg, methods, cfg or SolveConfig(), out_dir, history_limit=history_limit,
-                    history_budget=history_budget, cache_dir=cache_dir or Path(out_dir) / "cache", jobs=jobs,
+                    history_budget=history_budget, history_kind=history_kind,
+                    cache_dir=cache_dir or Path(out_dir) / "cache", jobs=jobs,
                     on_record=on_record, progress=progress, notice=notice)
     return {"mode": mode, **res}
 
@@ -220,9 +236,16 @@ def demo_config(time_limit: float = DEMO.time_limit) -> BenchConfig:
     return replace(DEMO, time_limit=time_limit)
 
 
+def demo_solver(cfg: SolveConfig | None = None, limit_kind: str = DEMO_LIMIT_KIND,
+                budget: float | None = DEMO_BUDGET) -> SolveConfig:
+    """The demo's solver config: `cfg` (seed, verbosity) on the demo's limit (a wall limit takes no budget)."""
+    return replace(cfg or SolveConfig(), limit_kind=limit_kind, budget=None if limit_kind == "wall" else budget)
+
+
 def demo(time_limit: float = DEMO.time_limit, cfg: SolveConfig | None = None, out_dir=".", **kwargs) -> dict:
-    """What bare `icml reopt` runs: the `options.DEMO` bench (two tiny set-cover series, every method)."""
-    return bench(demo_config(time_limit), METHODS, cfg, out_dir, mode="demo", **kwargs)
+    """What bare `icml reopt` runs: the `options.DEMO` bench (a small facility-location series whose demands
+    change, every method) on `cfg`'s limit (`demo_solver`)."""
+    return bench(demo_config(time_limit), METHODS, cfg or demo_solver(), out_dir, mode="demo", **kwargs)
 
 
 def resolved(*configs) -> dict:

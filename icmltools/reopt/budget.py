@@ -28,6 +28,9 @@ WORK = {
 }
 
 
+SOLVING_STAGES = (9, 10)  # SCIP_STAGE_SOLVING, SCIP_STAGE_SOLVED
+
+
 def optimize(model, verbose: bool = False, clock=None) -> str:
     """`model.optimize()`, then SCIP's status; Ctrl-C during the solve (SCIP's 'userinterrupt', unless our
     own `clock` stopped it at its budget) is raised as KeyboardInterrupt, so nothing is reported, written or
@@ -128,7 +131,10 @@ def make_clock():
             self.kind, self.limit, self.offset, self.hit = kind, limit, offset, False
 
         def work(self) -> float:
-            return self.offset + (WORK[self.kind](self.model) if self.kind in WORK else 0.0)
+            """Work so far; SCIP counts nodes and LP iterations only once solving has begun (0 before)."""
+            if self.kind not in WORK or (self.kind != "det-time" and self.model.getStage() not in SOLVING_STAGES):
+                return self.offset
+            return self.offset + WORK[self.kind](self.model)
 
         def eventinit(self):
             self._caught = [SCIP_EVENTTYPE.BESTSOLFOUND] + [getattr(SCIP_EVENTTYPE, e)

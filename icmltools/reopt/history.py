@@ -183,7 +183,7 @@ class HistoryLimit:
     def validate(self) -> HistoryLimit:
         if not (self.time_limit > 0) or not math.isfinite(self.time_limit):
             raise BadInputError(f"must be a positive number of seconds, got {self.time_limit}", param="history_limit")
-        check_budget(self.kind, self.budget, "history_budget")
+        check_budget(self.kind, self.budget, "history_budget")  # also checks the kind
         return self
 
     def key(self) -> str:
@@ -217,15 +217,18 @@ def _history_job(args):
     """Solve one history instance with plain SCIP; every outcome, with or without a solution, is cached
     (status and limit in the entry, the limit in the key), so a rerun does not spend the limit again. An
     interrupted solve raises before anything is written."""
-    path, limit, seed, cache_dir = args
-    from .solve import solve_one
+    path, limit, seed, cache_dir, expect = args
+    from .predict import check_names
+    from .solve import solve_history_instance
 
     sha = file_sha256(path)
     cfile = _cache_file(cache_dir, sha, limit, seed)
     d = _read_cache(cfile)
     if d is not None:
+        if expect is not None:
+            check_names(expect[0], d["names"], f"history instance {path}", expect[1])
         return d
-    res = solve_one("scip", path, [], limit.config(seed))
+    res = solve_history_instance(path, limit.config(seed), *(expect or (None, "")))
     d = {"path": str(path), "sha256": sha, "limit": limit.describe(), "status": res.status,
          "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "names": res.names,
          "wall_cap_hit": bool(res.details.get("wall_cap_hit", False)), "cached": False}
@@ -237,28 +240,18 @@ def _history_job(args):
     return d
 
 
-def names_of(path, limit: HistoryLimit, seed: int, cache_dir) -> list:
-    """The variable names of an instance (SCIP's order): from its history-cache entry when it has one
-    (reading a large instance with SCIP costs far more than hashing it), else read with SCIP."""
-    from .milp import var_names
-
-    d = _read_cache(_cache_file(cache_dir, file_sha256(path), limit, seed))
-    if d is not None and d.get("names"):
-        return list(d["names"])
-    return var_names(path)
-
-
 def uncached(paths: list, limit: HistoryLimit, seed: int, cache_dir) -> list:
     """The history instances among `paths` that would be solved (not in the cache)."""
     return [p for p in paths if _read_cache(_cache_file(cache_dir, file_sha256(p), limit, seed)) is None]
 
 
 def solve_history(paths: list, limit: HistoryLimit | float, seed: int = 0, cache_dir=None, jobs: int = 1,
-                  progress=None, notice=None) -> list:
+                  progress=None, notice=None, expect: tuple | None = None) -> list:
     """Solve each history instance with plain SCIP under `limit` (a HistoryLimit, or wall seconds), cached by
     sha256 of the file, the limit and the seed. Returns one dict per path: status, objective, values (or
     None), names, cached. `notice(n, limit, seconds)` is told, before they start, how many solves will run
-    and how long they may take in all (None: unknown, deterministic budgets)."""
+    and how long they may take at most. `expect`: (variable names, label) every instance must have (checked
+    before its solve, or against its cache entry)."""
     limit = (limit if isinstance(limit, HistoryLimit) else HistoryLimit(float(limit))).validate()
     for p in paths:
         check_instance_path(p)
@@ -266,5 +259,5 @@ def solve_history(paths: list, limit: HistoryLimit | float, seed: int = 0, cache
     if todo and notice is not None:
         rounds = math.ceil(len(todo) / max(1, min(jobs, len(todo))))
         notice(len(todo), limit, rounds * limit.time_limit)
-    return pool_map(_history_job, [(str(p), limit, int(seed), str(cache_dir) if cache_dir else None)
+    return pool_map(_history_job, [(str(p), limit, int(seed), str(cache_dir) if cache_dir else None, expect)
                                    for p in paths], jobs, progress, "history")

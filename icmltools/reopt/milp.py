@@ -306,9 +306,17 @@ def check_numbers(model, path) -> None:
             raise BadInputError(f"{path}: constraint {c.name!r} has coefficient {vals[bad]:g} for variable {bad!r}")
 
 
+_CHECKED: set = set()  # files whose numbers passed check_numbers in this process: (path, size, mtime)
+
+
+def _stamp(p: Path) -> tuple:
+    st = p.stat()
+    return str(p.resolve()), st.st_size, st.st_mtime_ns
+
+
 def read_model(path: str | os.PathLike, verbose: bool = False, check: bool = True):
     """A fresh PySCIPOpt model read from `path` (errors name the file; SCIP's own messages become the
-    error's reason). `check`: refuse non-finite numbers (`check_numbers`)."""
+    error's reason). `check`: refuse non-finite numbers (`check_numbers`; once per file and process)."""
     p = check_instance_path(path)
     m = new_model(verbose)
     with scip_errors() as errors:
@@ -318,8 +326,9 @@ def read_model(path: str | os.PathLike, verbose: bool = False, check: bool = Tru
             raise BadInputError(f"{p}: SCIP could not read this file ({scip_reason(errors, e)})") from None
     if m.getNVars() == 0:
         raise BadInputError(f"{p}: the model has no variables")
-    if check:
+    if check and _stamp(p) not in _CHECKED:
         check_numbers(m, p)
+        _CHECKED.add(_stamp(p))
     return m
 
 

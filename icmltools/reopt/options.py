@@ -76,6 +76,8 @@ class SolveConfig:
     limit_kind: str = "wall"          # LIMIT_KINDS; other than wall, time_limit is a wall-clock cap (ours)
     budget: float | None = None       # the method's limit in limit_kind's unit (required unless wall)
     widen: bool = True                # widen the fixings when a sub-MIP ends early or stalls (ours, issue 12)
+    full_share: float = 0.3           # budget share kept for the full model started from the incumbent (ours;
+    #                                   0.3 chosen on tuning series, docs/reopt.md "Decisions")
 
     def validate(self) -> SolveConfig:
         _positive_seconds(self.time_limit, "time_limit")
@@ -91,6 +93,8 @@ class SolveConfig:
         if not (0 < self.decay <= 1):
             raise BadInputError(f"must be in (0, 1], got {self.decay}", param="decay")
         _choices((self.predictor, PREDICTORS, "predictor"))
+        if not (0 <= self.full_share <= 1):
+            raise BadInputError(f"must be in [0, 1], got {self.full_share}", param="full_share")
         return self
 
     @classmethod
@@ -153,6 +157,10 @@ class BenchConfig:
         return self
 
 
-DEMO = BenchConfig(problems=("setcover",), modes=("rhs", "obj"), size="tiny", seeds=1, instances=5, first=2,
-                   time_limit=2.0)
-"""What bare `icml reopt` runs: two tiny set-cover series (rhs and obj changes), every method."""
+DEMO = BenchConfig(problems=("facility",), modes=("rhs",), size="small", seeds=1, instances=4, first=2,
+                   time_limit=120.0)
+"""What bare `icml reopt` runs: a small capacitated-facility series whose demands change (100 customers x 100
+facilities, 10,100 variables), instances 0-1 as history, 2-3 new; every method on the deterministic budget
+below (time_limit is then a wall-clock cap). Plain SCIP does not finish within it; VP-OR-style does better."""
+DEMO_LIMIT_KIND = "lp-iterations"
+DEMO_BUDGET = 2000.0

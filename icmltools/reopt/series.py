@@ -11,10 +11,9 @@ import numpy as np
 
 from icmltools.core.errors import BadInputError
 
-from .history import HistoryLimit, SolutionSet, names_of, pool_map, solve_history
-from .milp import SUPPORTED_SUFFIXES, check_instance_path, read_milp
+from .history import HistoryLimit, SolutionSet, pool_map, solve_history
+from .milp import SUPPORTED_SUFFIXES, check_instance_path, read_model
 from .options import FIRST, METHODS, BenchConfig, SeriesSpec, SolveConfig, check_budget
-from .predict import check_names
 from .solve import check_methods, method_job, score
 
 log = logging.getLogger(__name__)
@@ -87,15 +86,6 @@ def series_time_limit(time_limit: float | None, test_timeout: float | None, test
     return float(test_timeout)
 
 
-def check_series_names(paths: list, limit: HistoryLimit, seed: int, cache_dir) -> None:
-    """Every instance of a series has the first one's variable names (from the history cache when it has
-    the instance, else read with SCIP)."""
-    first_names = names_of(paths[0], limit, seed, cache_dir)
-    for p in paths[1:]:
-        check_names(first_names, names_of(p, limit, seed, cache_dir), f"series instance {paths[0]}",
-                    f"series instance {p}")
-
-
 def _instance_record(i: int, paths: list, sols: list, hist: list, methods, cfg: SolveConfig, sense: str,
                      jobs: int, solutions: SolutionSet | None) -> dict:
     """Every method on instance i with the history 0..i-1; the reference is the best objective among the
@@ -126,18 +116,24 @@ def instance_stem(path) -> str:
     return name
 
 
-def history_limit_of(cfg: SolveConfig, history_limit: float | None, history_budget: float | None) -> HistoryLimit:
-    """History solves: plain SCIP with the methods' limit kind; `history_limit` wall seconds (default: the
-    methods' time limit) and, for a deterministic kind, `history_budget` (default: the methods' budget)."""
-    budget = None if cfg.limit_kind == "wall" else (history_budget or cfg.budget)
-    if cfg.limit_kind == "wall" and history_budget is not None:
+def history_limit_of(cfg: SolveConfig, history_limit: float | None, history_budget: float | None,
+                     history_kind: str | None = None) -> HistoryLimit:
+    """History solves: plain SCIP on `history_kind` (default: the methods' limit kind); `history_limit` wall
+    seconds (default: the methods' time limit) and, for a deterministic kind, `history_budget` (default: the
+    methods' budget when the kinds agree)."""
+    kind = history_kind or cfg.limit_kind
+    if kind == "wall":
         check_budget("wall", history_budget, "history_budget")
-    return HistoryLimit(float(history_limit or cfg.time_limit), cfg.limit_kind, budget).validate()
+        budget = None
+    else:
+        budget = history_budget or (cfg.budget if kind == cfg.limit_kind else None)
+    return HistoryLimit(float(history_limit or cfg.time_limit), kind, budget).validate()
 
 
 def run_series(test_path, methods=METHODS, cfg: SolveConfig | None = None, *, first: int = FIRST,
                max_instances: int | None = None, history_limit: float | None = None,
-               history_budget: float | None = None, cache_dir=None, jobs: int = 1, on_record=None, progress=None,
+               history_budget: float | None = None, history_kind: str | None = None, cache_dir=None, jobs: int = 1,
+               on_record=None, progress=None,
                label: str | None = None, notice=None, solutions: SolutionSet | None = None) -> dict:
     """Solve instances `first`.. of a series with every method; instance i uses 0..i-1 as history.
 
@@ -155,11 +151,13 @@ def run_series(test_path, methods=METHODS, cfg: SolveConfig | None = None, *, fi
     if not (1 <= first < len(paths)):
         raise BadInputError(f"must be in [1, {len(paths) - 1}] for a series of {len(paths)} instances, got {first}",
                             param="first")
-    hl = history_limit_of(cfg, history_limit, history_budget)
-    check_series_names(paths, hl, cfg.seed, cache_dir)
-    hist = solve_history(paths, hl, cfg.seed, cache_dir, jobs, progress, notice)
+    hl = history_limit_of(cfg, history_limit, history_budget, history_kind)
+    first_model = read_model(paths[0])
+    sense = first_model.getObjectiveSense()
+    expect = ([v.name for v in first_model.getVars()], f"series instance {paths[0]}")  # every instance's names
+    del first_model
+    hist = solve_history(paths, hl, cfg.seed, cache_dir, jobs, progress, notice, expect)
     sols = [h["values"] if h.get("feasible") else None for h in hist]
-    sense = read_milp(paths[0]).sense
     records = []
     for i in range(first, len(paths)):
         rec = {"type": "instance", "series": label or str(test_path),
@@ -277,7 +275,7 @@ def bench_specs(bench: BenchConfig, seed0: int = 0) -> list:
 
 
 def run_bench(bench: BenchConfig, methods, cfg: SolveConfig, out_dir, *, history_limit=None, history_budget=None,
-              cache_dir=None, jobs: int = 1, on_record=None, progress=None, notice=None) -> dict:
+              history_kind=None, cache_dir=None, jobs: int = 1, on_record=None, progress=None, notice=None) -> dict:
     """Generate each series of `bench` (seeds from cfg.seed on) into `out_dir`, run it with every method
     under bench.time_limit (wall seconds, or the wall cap of cfg's deterministic budget), and summarise per
     (problem, mode) group and overall."""
@@ -295,7 +293,8 @@ def run_bench(bench: BenchConfig, methods, cfg: SolveConfig, out_dir, *, history
         ms = methods_for_mode(methods, spec.mode)
         label = f"{spec.problem}/{spec.mode}/{spec.size}/seed{spec.seed}"
         res = run_series(gen["test_file"], ms, cfg, first=bench.first, history_limit=history_limit,
-                         history_budget=history_budget, cache_dir=cache_dir, jobs=jobs, on_record=on_record,
+                         history_budget=history_budget, history_kind=history_kind, cache_dir=cache_dir, jobs=jobs,
+                         on_record=on_record,
                          label=label, notice=notice)
         groups.setdefault(f"{spec.problem}/{spec.mode}", {"methods": ms, "records": []})["records"].extend(
             res["records"])

@@ -4,6 +4,7 @@ incumbents recorded by an event handler, and a re-check of the returned solution
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -236,6 +237,9 @@ def finish(res: MethodResult, path, sense, clock, cfg: SolveConfig, reference: f
     if budget is not None and budget.deterministic:
         res.work_incumbents = monotone([(w, o) for _, w, o in clock.records], sense)
         res.details.update(budget.to_dict())
+        if budget.wall_cap_hit:
+            log.warning("%s (%s): the wall-clock cap of %g s ended the solve before its %s budget: this result "
+                        "is not reproducible (raise the time limit)", path, res.method, budget.wall, budget.kind)
     if res.values is not None and not res.incumbents:  # a start solution accepted before the clock
         res.incumbents = [[0.0, res.objective]]
         res.work_incumbents = [[0.0, res.objective]] if budget is not None and budget.deterministic else []
@@ -341,22 +345,46 @@ def solve_vpor(*args, **kwargs) -> MethodResult:
 RUNNERS = {"vpor": _run_vpor, "scip": _run_scip, "warm": _run_warm, "reopt": _run_reopt}
 
 
-def solve_one(method: str, path, history: list, cfg: SolveConfig, history_paths: list | None = None,
-               history_milps: list | None = None, reference=None) -> MethodResult:
-    """Run `method` on instance `path` with the history solutions (name -> value dicts, oldest first).
-    SCIP's own error messages are collected; a failing SCIP call becomes one error naming the file."""
-    cfg.validate()
-    check_instance_path(path)
-    check_methods([method])
+@contextlib.contextmanager
+def scip_failures(path):
+    """SCIP's own error messages are collected; a failing SCIP call becomes one error naming the file."""
     with scip_errors() as errors:
         try:
-            return RUNNERS[method](path, history, cfg, history_paths, history_milps, reference)
+            yield
         except IcmlError:
             raise
         except Exception as e:
             if not (errors or str(e).startswith("SCIP")):
                 raise
             raise BadInputError(f"{path}: SCIP failed on this instance ({scip_reason(errors, e)})") from None
+
+
+def solve_one(method: str, path, history: list, cfg: SolveConfig, history_paths: list | None = None,
+               history_milps: list | None = None, reference=None) -> MethodResult:
+    """Run `method` on instance `path` with the history solutions (name -> value dicts, oldest first)."""
+    cfg.validate()
+    check_instance_path(path)
+    check_methods([method])
+    with scip_failures(path):
+        return RUNNERS[method](path, history, cfg, history_paths, history_milps, reference)
+
+
+def solve_history_instance(path, cfg: SolveConfig, expect_names: list | None = None, label: str = "") -> MethodResult:
+    """Plain SCIP on a history instance: one read, its variable names checked against `expect_names` (the new
+    instance's) before any solving, and no re-check (the solution guides VP-OR; it is not returned)."""
+    cfg.validate()
+    with scip_failures(path):
+        model = read_model(path, cfg.verbose)
+        vars_ = model.getVars()
+        names = [v.name for v in vars_]
+        if expect_names is not None:
+            check_names(expect_names, names, f"history instance {path}", label)
+        budget, clock = open_run(model, cfg)
+        elapsed, x, st = _budget_optimize(model, clock, budget, vars_, cfg.verbose)
+        res = MethodResult("scip", st, solve_time=elapsed, values=x, names=names, details=budget.to_dict())
+        if x is not None:
+            res.objective, res.feasible = float(model.getSolObjVal(model.getBestSol())), True
+        return res
 
 
 def method_job(args) -> MethodResult:

@@ -103,10 +103,12 @@ class _VporSearch:
 
     def __init__(self, model, inst: _Instance, ts: ThompsonFixer, cfg: SolveConfig, budget: Budget, clock):
         self.model, self.inst, self.ts, self.cfg, self.budget, self.clock = model, inst, ts, cfg, budget, clock
-        # a sub-MIP's share: --submip-limit seconds (default a fifth of the limit, at least 0.5 s); with a
-        # deterministic budget, the same fraction of the budget
-        sub = cfg.submip_limit or max(0.5, cfg.time_limit / 5)
-        self.sub_share = sub if budget.kind == "wall" else budget.fraction(min(1.0, sub / cfg.time_limit))
+        # a sub-MIP's share: submip_limit seconds (default a fifth of the limit, at least 0.5 s); with a
+        # deterministic budget, a fifth of it (or submip_limit's fraction of the time limit)
+        if budget.kind == "wall":
+            self.sub_share = cfg.submip_limit or max(0.5, cfg.time_limit / 5)
+        else:
+            self.sub_share = budget.fraction(min(1.0, cfg.submip_limit / cfg.time_limit) if cfg.submip_limit else 0.2)
         self.ratio = cfg.fix_ratio
         self.best_x, self.best_obj = None, None
         self.optimal = False
@@ -121,6 +123,8 @@ class _VporSearch:
         if not with_history:
             self.ratio = 0.0
         while not self.budget.exhausted() and self.proven is None and not self.optimal:
+            if self._phase_left() <= 0:
+                self.ratio = 0.0  # the rest is the full model's (cfg.full_share)
             self.full_model = self.ratio <= 0
             sel = self.ts.sample(self.ratio)
             groups = sel.groups(self.cfg.groups)
@@ -152,6 +156,12 @@ class _VporSearch:
             self.ts.penalize(sel, groups[released - 1], FAIL_STEP)  # their fixings made it infeasible
         return None, released, st
 
+    def _phase_left(self) -> float:
+        """What the sub-MIP phase may still spend: all but the full model's reserved share (cfg.full_share)."""
+        b = self.budget
+        spent = b.used if b.deterministic else b.wall - b.wall_left()
+        return (1.0 - self.cfg.full_share) * b.amount - spent
+
     def _fix(self, sel, keep: np.ndarray, restore: bool) -> None:
         inst, model = self.inst, self.model
         for k in keep:
@@ -173,10 +183,16 @@ class _VporSearch:
             for v, val in zip(inst.vars_, self.best_x):
                 model.setSolVal(s, v, float(val))
             model.addSol(s, free=True)
-        st = self.budget.solve(model, self.clock, None if len(keep) == 0 else self.sub_share, self.cfg.verbose)
+        share = None if len(keep) == 0 else max(min(self.sub_share, self._phase_left()), 0.01 * self.sub_share)
+        st = self.budget.solve(model, self.clock, share, self.cfg.verbose)
         self.n_sub += 1
         x = None if st in ("unbounded", "inforunbd", "infeasible") else values_of(model, inst.vars_)
+        # SCIP keeps up to limits/maxorigsol solutions across freeTransform, sorted as if minimising: with a
+        # full store, a better incumbent of a maximisation is then refused as a start. Keep none; the next
+        # sub-MIP gets the incumbent explicitly (when its fixings allow it).
+        model.setParam("limits/maxorigsol", 0)
         model.freeTransform()
+        model.setParam("limits/maxorigsol", 10)
         self._fix(sel, keep, restore=True)
         self.fixed_counts.append(len(keep))
         return st, x
@@ -200,8 +216,8 @@ class _VporSearch:
             self.optimal = True
         elif released > 0:
             self.ratio = self.ratio * (1 - released / max(len(groups), 1))
-        elif self.cfg.widen and not improved:
-            self._widen()
+        elif self.cfg.widen and (st == "optimal" or not improved):
+            self._widen()  # the neighbourhood was searched to the end, or brought nothing
 
     def _widen(self) -> None:
         """Halve the fix ratio (the least confident fixings go first); below MIN_RATIO: the full model."""
