@@ -577,7 +577,10 @@ def test_bare_command_takes_the_demo_options(run_cli, monkeypatch):
 
     monkeypatch.setattr(api, "demo", fake_demo)
     _, doc = run_cli(["reopt", "-q", "--seed", "3", "--time-limit", "0.5", "--threads", "1"])
-    assert seen == {"time_limit": 0.5, "seed": 3, "kind": "lp-iterations", "budget": 2000.0} and doc["seed"] == 3
+    from icmltools.reopt import options
+
+    assert seen == {"time_limit": 0.5, "seed": 3, "kind": options.DEMO_LIMIT_KIND, "budget": options.DEMO_BUDGET}
+    assert doc["seed"] == 3
     run_cli(["reopt", "-q", "--limit-kind", "wall", "--budget", "7", "--threads", "1"])
     assert seen["kind"] == "wall" and seen["budget"] is None  # a wall limit takes no budget
 

@@ -79,9 +79,9 @@ class Budget:
         return max(0.0, self.amount - self.used) if self.wall_left() > 0 else 0.0
 
     def exhausted(self) -> bool:
-        """Nothing worth another solve is left: 50 ms of wall time, one node / iteration, or 1 % of a
-        deterministic-time budget."""
-        floor = {"wall": 0.05, "det-time": 0.01 * self.amount}.get(self.kind, 1.0)
+        """Nothing worth another solve is left: 50 ms of wall time, one node, or 1 % of a deterministic-time
+        or LP-iteration budget."""
+        floor = {"wall": 0.05, "det-time": 0.01 * self.amount, "lp-iterations": 0.01 * self.amount}.get(self.kind, 1.0)
         return self.left() < floor
 
     def fraction(self, fraction: float) -> float:
@@ -129,6 +129,15 @@ def make_clock():
         def begin(self, kind: str, limit: float, offset: float) -> None:
             """Before a solve: its work limit (inf: none) and the work done before it (by earlier solves)."""
             self.kind, self.limit, self.offset, self.hit = kind, limit, offset, False
+            self._cap_lp(limit)
+
+        def _cap_lp(self, left: float) -> None:
+            """With an LP-iteration budget, no single LP may run past what is left (SCIP checks events only
+            between LPs; a root LP alone can take thousands of iterations)."""
+            if self.kind == "lp-iterations":
+                cap = -1 if math.isinf(left) else max(1, int(left))
+                self.model.setParam("lp/iterlim", cap)
+                self.model.setParam("lp/rootiterlim", cap)
 
         def work(self) -> float:
             """Work so far; SCIP counts nodes and LP iterations only once solving has begun (0 before)."""
@@ -150,8 +159,11 @@ def make_clock():
             if event.getType() == SCIP_EVENTTYPE.BESTSOLFOUND:
                 sol = self.model.getBestSol()
                 self.records.append((time.perf_counter() - self.t0, self.work(), self.model.getSolObjVal(sol)))
-            if not self.hit and self.work() - self.offset >= self.limit:
+            done = self.work() - self.offset
+            if not self.hit and done >= self.limit:
                 self.hit = True
                 self.model.interruptSolve()
+            elif self.kind == "lp-iterations" and not math.isinf(self.limit):
+                self._cap_lp(self.limit - done)
 
     return Clock()
