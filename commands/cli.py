@@ -89,3 +89,24 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
+    except SystemExit as e:
+        if e.code == 130:
+            _exit_interrupted()
+        raise
+
+
+def _exit_interrupted():
+    """Exit 130 after Ctrl-C, every time. CPython remembers a KeyboardInterrupt that passed through code run by
+    `exec(<string>)` (dataclass and namedtuple creation do that, e.g. while torch imports) even when we caught
+    it, and then ends the process by SIGINT instead of our exit code (seen in CI: -2 instead of 130). So the
+    exit handlers run here and the process leaves with os._exit (only from the console entry point, never
+    inside CliRunner)."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(130)
