@@ -7,6 +7,8 @@ rounds one iteration costs, and how many gradient evaluations per player.
 """
 from __future__ import annotations
 
+import abc
+
 import numpy as np
 
 
@@ -18,7 +20,7 @@ def _lr(lrs) -> np.ndarray:
     return np.asarray(lrs, dtype=float)[:, None, None]
 
 
-class Method:
+class Method(abc.ABC):
     name = ""
     rounds_per_iter = 1
     memory = False          # state (e_t, e_{t-1})
@@ -28,8 +30,9 @@ class Method:
         """Gradient evaluations per player per iteration."""
         return K if self.local else 1
 
+    @abc.abstractmethod
     def matrices(self, game, lrs, K: int) -> np.ndarray:
-        raise NotImplementedError
+        """The affine round map's matrices, one per step size in `lrs`."""
 
     def lift(self, e0: np.ndarray) -> np.ndarray:
         return np.concatenate([e0, e0]) if self.memory else e0.copy()

@@ -54,8 +54,9 @@ class OutputLayout(CheckpointReader):
         self.shards = shards
         self.index_metadata = dict(getattr(base, "index_metadata", {}) or {})
 
-    def get(self, name):  # never called: CheckpointWriter reads specs and shards only
-        raise NotImplementedError(name)
+    def get(self, name):
+        """An output layout holds shapes, not tensors (CheckpointWriter reads only `specs` and `shards`)."""
+        raise TypeError(f"OutputLayout describes the output's tensors and holds none (asked for {name!r})")
 
 
 def prefix(key: str) -> str:

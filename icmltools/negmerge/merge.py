@@ -25,6 +25,7 @@ for the dtype, or allowed non-finite inputs that reach it) is a :class:`RuntimeF
 """
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ __all__ = ["METHODS", "MergeConfig", "REGISTRY", "merge_tensor", "negmerge_tenso
 # --------------------------------------------------------------------------------------------- merge methods
 
 
-class MergeMethod:
+class MergeMethod(abc.ABC):
     """One merge of N task vectors, fed one candidate at a time into reused buffers.
 
     ``buffers`` names the per-tensor buffers the method needs, each (name, None for the compute dtype or
@@ -74,11 +75,13 @@ class MergeMethod:
         """Whether candidate i's task vector is read at all."""
         return True
 
+    @abc.abstractmethod
     def add(self, st, tau, k: int) -> None:
-        raise NotImplementedError
+        """Take the k-th task vector into the tensor's accumulator `st`."""
 
+    @abc.abstractmethod
     def finish(self, st, n: int):
-        raise NotImplementedError
+        """(merged tau, kept element count) after all n task vectors."""
 
 
 def _sum_into(st, tau, k: int) -> None:

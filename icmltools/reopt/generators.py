@@ -9,6 +9,7 @@ instance and ("instance", k) for instance k, so any instance can be rebuilt alon
 """
 from __future__ import annotations
 
+import abc
 import hashlib
 import math
 import os
@@ -221,7 +222,7 @@ def _perturb_obj(m: Milp, base: Milp, rng, strength: float) -> None:
                      0.0)
 
 
-class Family:
+class Family(abc.ABC):
     """A problem family: its size presets, its base instance, and how its rhs, bounds and matrix are
     perturbed. The perturbations change `m`, a copy of `base`, in place."""
 
@@ -232,11 +233,13 @@ class Family:
     def base(self, rng: np.random.Generator, **preset) -> Milp:
         return type(self).builder(rng, **preset)
 
+    @abc.abstractmethod
     def rhs(self, m: Milp, base: Milp, rng, strength: float) -> None:
-        raise NotImplementedError
+        """Perturb the right-hand sides of `m` (mode `rhs`)."""
 
+    @abc.abstractmethod
     def bnd(self, m: Milp, base: Milp, rng, strength: float) -> None:
-        raise NotImplementedError
+        """Perturb the variable bounds of `m` (mode `bnd`)."""
 
     def mat(self, m: Milp, base: Milp, rng, strength: float) -> None:
         """Each nonzero is drawn with probability max(strength, 0.05); `coefficients` gives the new values."""
@@ -245,8 +248,9 @@ class Family:
         A.data = self.coefficients(A, sel, base, rng, strength)
         m.A = A
 
+    @abc.abstractmethod
     def coefficients(self, A, sel: np.ndarray, base: Milp, rng, strength: float) -> np.ndarray:
-        raise NotImplementedError
+        """The new values of A's nonzeros (`sel` marks the ones to change)."""
 
 
 def _bnd_fraction(strength: float) -> float:
