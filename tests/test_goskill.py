@@ -688,7 +688,7 @@ def _snapshot(root: Path) -> dict:
 
 @pytest.mark.parametrize("setup,args,code,text", [pytest.param(*row, id=f"{row[0]}:{' '.join(row[1][:4])}")
                                                   for row in BAD_INPUTS])
-def test_bad_input_catalogue(setup, args, code, text, toy_runs, tmp_path, monkeypatch):
+def test_bad_input_catalogue(setup, args, code, text, toy_runs, tmp_path, monkeypatch, check_bad_input):
     """Exit code, exactly one `Error:` line naming the problem, no traceback, nothing on stdout, and no file
     written or changed (a run folder given with --run-dir is left as it was)."""
     from click.testing import CliRunner
@@ -698,12 +698,9 @@ def test_bad_input_catalogue(setup, args, code, text, toy_runs, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     SETUPS[setup](toy_runs)
     before = _snapshot(tmp_path)
+    paths = check_bad_input.snapshot(tmp_path)
     res = CliRunner().invoke(cli, ["goskill", "-q", "--threads", "1", *args])
-    assert res.exit_code == code, (res.exit_code, res.stderr)
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), res.stderr
-    assert text in lines[0], lines[0]
-    assert "Traceback" not in res.stderr and res.stdout == ""
+    check_bad_input(res, code, text, root=tmp_path, before=paths)
     assert _snapshot(tmp_path) == before
 
 

@@ -192,11 +192,8 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("argv,stdin,code,msg", BAD_INPUTS)
-def test_bad_inputs(argv, stdin, code, msg, tmp_path, monkeypatch):
+def test_bad_inputs(argv, stdin, code, msg, tmp_path, monkeypatch, check_bad_input):
     monkeypatch.chdir(tmp_path)
     res = _run(argv, stdin)
-    assert res.exit_code == code, (res.exit_code, res.stderr)
-    lines = [x for x in res.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and msg in lines[0], res.stderr
-    assert "Traceback" not in res.stderr and res.stdout == ""
+    check_bad_input(res, code, msg, root=tmp_path)
     assert list(tmp_path.iterdir()) == []
