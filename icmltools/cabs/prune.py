@@ -10,8 +10,9 @@ Notation: tau_k = theta_k - theta_0, k = 0..K-1 in the given order (the pruning 
   models are pruned one after another, each only on the positions no earlier model kept
   (``taken |= mask_k``), so the pruned vectors are disjoint.
 * The merge: theta = theta_0 + sum_k lambda_k * (tau_k * mask_k), never rescaled, in float32 (float64 for
-  float64 tensors), accumulated in order, cast once to the tensor's dtype; zero lambdas are skipped so that
-  lambda = 0 returns theta_0 bitwise.
+  float64 tensors), the sum accumulated in order, added to theta_0 and cast once to the tensor's dtype; zero
+  lambdas are skipped so that lambda = 0 returns theta_0 bitwise. (mergekit adds each term to theta_0 in the
+  base's dtype; for CABS the terms are disjoint, so in float32 the two are bitwise equal.)
 
 Selection rule: the official topk on |candidate| may pick zero-valued (even already taken) slots, whose
 values are zero anyway. Here the score is |tau| with taken slots (and padding) set to -1; the top n are
@@ -112,20 +113,30 @@ def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad"):
     return mask.view(tau.shape)
 
 
-def magnitude_mask(tau, density: float, taken=None):
-    """Top-d magnitude mask of one tensor, the official RoBERTa ``topk_values_mask`` rule: with
-    s = 1 - d, keep |x| > (the ascending-sorted |x|)[int(s * numel)]; with `taken`, x is tau zeroed there
-    first (the RoBERTa ``magnitude`` branch of ``block_random_pruning``: CA-magnitude)."""
+def magnitude_threshold(tau, density: float, taken=None):
+    """The official RoBERTa ``topk_values_mask`` threshold: with s = 1 - d, (the ascending-sorted |x|)[int(s *
+    numel)], x = tau zeroed where `taken` (None when nothing can be kept)."""
     import torch
 
     x = tau if taken is None else tau.masked_fill(taken, 0)
-    a = x.abs()
-    numel = a.numel()
-    idx = int((1 - density) * numel)
-    if idx >= numel:
+    a = x.abs().reshape(-1)
+    idx = int((1 - density) * a.numel())
+    if idx >= a.numel():
+        return None
+    return torch.kthvalue(a, idx + 1).values
+
+
+def magnitude_mask(tau, density: float, taken=None):
+    """Top-d magnitude mask of one tensor by the RoBERTa rule: keep |x| > :func:`magnitude_threshold`; with
+    `taken`, x is tau zeroed there first (the RoBERTa ``magnitude`` branch of ``block_random_pruning``:
+    CA-magnitude; the threshold is >= 0, so taken slots are never kept)."""
+    import torch
+
+    thr = magnitude_threshold(tau, density, taken)
+    if thr is None:
         return torch.zeros(tau.shape, dtype=torch.bool, device=tau.device)
-    thr = torch.kthvalue(a.reshape(-1), idx + 1).values
-    return a > thr
+    keep = tau.abs() > thr
+    return keep if taken is None else keep.logical_and_(taken.logical_not())
 
 
 def cabs_masks(taus: Sequence, nms: Sequence[tuple[int, int]], tail: str = "pad", taken=None) -> list:
@@ -184,18 +195,20 @@ def prune(tau, mask):
     return tau.masked_fill(~mask, 0)
 
 
-def add_pruned(acc, tau, mask, lam: float) -> None:
-    """acc += lam * (tau * mask) in acc's dtype; lam = 0 adds nothing (so -0.0 in theta_0 survives)."""
-    if lam != 0:
-        acc.add_(prune(tau, mask).mul_(lam))
-
-
 def merge_masked(base, taus: Sequence, masks: Sequence, lams: Sequence[float]):
-    """theta = theta_0 + sum_k lambda_k * (tau_k * mask_k): float32 (float64) accumulation in order, one cast."""
-    acc = base.to(compute_dtype(base.dtype), copy=True)
+    """theta = theta_0 + sum_k lambda_k * (tau_k * mask_k): the sum accumulated in order in float32 (float64),
+    added to theta_0 once, cast once (the engine's arithmetic); all lambdas 0 returns theta_0 bitwise."""
+    import torch
+
+    cd = compute_dtype(base.dtype)
+    total = None
     for tau, mk, lam in zip(taus, masks, lams):
-        add_pruned(acc, tau.to(acc.dtype), mk, lam)
-    return acc.to(base.dtype)
+        if lam != 0:
+            total = torch.zeros(base.shape, dtype=cd, device=base.device) if total is None else total
+            total.add_(prune(tau.to(cd), mk).mul_(lam))
+    if total is None:
+        return base.clone()
+    return (base.to(cd) + total).to(base.dtype)
 
 
 def task_vectors(base, models: Sequence):

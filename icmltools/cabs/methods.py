@@ -1,0 +1,165 @@
+"""CABS, BS and CA-magnitude as method classes of the shared merge engine (:mod:`icmltools.merge.engine`).
+
+The engine feeds each tensor's task vectors one model at a time, in the given order (the pruning order),
+flattened, in m-aligned chunks for the n:m methods (block boundaries never move, so chunked = unchunked); the
+per-model lambda is the plan's per-model weight, and the engine writes theta_0 + lam * merged with lam = 1.
+Each method keeps per chunk a running sum ``total`` of weight_k * pruned_k and, for the conflict-aware ones, a
+``taken`` mask; weights of 0 still take their slots in the order (as the official loops) but add nothing.
+Per-model n:m is the model option pair ``n``/``m``; ``tail`` is the global option (:mod:`icmltools.cabs.prune`).
+"""
+from __future__ import annotations
+
+import math
+
+from icmltools.core.errors import BadInputError
+from icmltools.merge import engine as E
+
+from . import prune as P
+from .options import DEFAULT_TAIL, OWN_METHODS
+
+REFERENCE = "Yang et al., CABS, ICML 2025 (arXiv 2503.01874)"
+
+
+def _lcm(values) -> int:
+    out = 1
+    for v in values:
+        out = out * int(v) // math.gcd(out, int(v))
+    return out
+
+
+class _Pruned(E.MergeMethod):
+    """Shared machinery: sum weight_k * (tau_k * mask_k) into ``total``, count kept slots, mark overlap."""
+
+    buffers = (("total", None),)
+    tracks = True
+
+    def wants(self, plan, i):
+        return True  # a zero-weight model still takes its slots in the order (CA), it just adds nothing
+
+    def _accumulate(self, st, tau, mask, i: int, k: int) -> None:
+        pruned = P.prune(tau, mask)
+        st.mark(i, pruned)
+        w = st.plan.weights[i]
+        if k == 0:
+            st.added = False
+            st.total.zero_()
+        if w != 0:
+            st.total.add_(pruned.mul_(w))
+            st.added = True
+
+    def finish(self, st):
+        import torch
+
+        if not getattr(st, "added", False):
+            return None, 0  # every weight 0: the base, bitwise
+        return st.total, int(torch.count_nonzero(st.total))
+
+
+class _NM(_Pruned):
+    """n:m methods: per-model (n, m) from the model options, chunks aligned to every m."""
+
+    options = {"tail": DEFAULT_TAIL}
+    model_options = {"n": None, "m": None}
+
+    def __init__(self, name=None, nms=None, **options):
+        super().__init__(name, **options)
+        if nms is not None:
+            self.chunk_multiple = _lcm(m for _, m in nms)
+
+    def validate(self, plan):
+        P.check_tail(plan.options["tail"])
+        ms = []
+        for i, mo in enumerate(plan.models):
+            n, m = mo.get("n"), mo.get("m")
+            if not (isinstance(n, int) and isinstance(m, int) and 1 <= n <= m):
+                raise BadInputError(f"model {i}: n:m needs integers 1 <= n <= m, got {n}:{m}", param="nm")
+            ms.append(m)
+        if plan.chunk_elems is not None and self.chunk_multiple % _lcm(ms) != 0:
+            raise BadInputError(f"chunks must align to every m (lcm {_lcm(ms)}); build the method with "
+                                "for_plan(nms) or merge unchunked", param="chunk_elems")
+
+    @staticmethod
+    def nm(st, i):
+        mo = st.plan.models[i]
+        return mo["n"], mo["m"]
+
+
+class Cabs(_NM):
+    """CABS (paper, method section; mergekit's CABSTask loop): model k keeps the n_k largest |tau_k| of every
+    block of m_k among the slots no earlier model kept; taken |= mask_k; total += lambda_k * tau_k * mask_k."""
+
+    name = "cabs"
+    reference = REFERENCE
+    buffers = (("total", None), ("taken", "bool"))
+
+    def add(self, st, tau, i, k, p):
+        if k == 0:
+            st.taken.zero_()
+        n, m = self.nm(st, i)
+        mask = P.nm_mask(tau, n, m, st.taken, st.plan.options["tail"])  # only the last chunk has a tail
+        st.taken |= mask
+        self._accumulate(st, tau, mask, i, k)
+
+
+class BalancedOnly(_NM):
+    """BS alone (the paper's ablation): each model's own n:m mask, no conflict-awareness."""
+
+    name = "bs"
+    reference = REFERENCE + ", BS ablation"
+
+    def add(self, st, tau, i, k, p):
+        n, m = self.nm(st, i)
+        self._accumulate(st, tau, P.nm_mask(tau, n, m, None, st.plan.options["tail"]), i, k)
+
+
+class CAMagnitude(_Pruned):
+    """CA-magnitude (the official RoBERTa ``magnitude`` branch, K models in order): model k keeps |x| > its
+    threshold, x = tau_k zeroed where earlier models kept, threshold = sorted |x|[int((1 - d_k) * numel)].
+
+    The thresholds need whole tensors: :meth:`scan` sees each model's task vector in order and keeps a
+    whole-tensor ``taken`` while finding them; the chunks then rebuild each mask from its threshold."""
+
+    name = "ca_magnitude"
+    reference = REFERENCE + ", CA ablation with magnitude pruning (RoBERTa code)"
+    buffers = (("total", None), ("taken", "bool"))
+    scans = True
+    uses_density = True
+
+    def begin(self, st):
+        import torch
+
+        st.thr = [None] * st.n
+        st.scan_taken = torch.zeros(st.numel, dtype=torch.bool, device=st.device)
+
+    def scan(self, st, tau, i):
+        thr = P.magnitude_threshold(tau, st.plan.densities[i], st.scan_taken)
+        st.thr[i] = thr
+        if thr is not None:
+            st.scan_taken |= (tau.abs() > thr).logical_and_(st.scan_taken.logical_not())
+
+    def add(self, st, tau, i, k, p):
+        import torch
+
+        if k == 0:
+            st.taken.zero_()
+            st.scan_taken = None   # the thresholds are known: the whole-tensor mask is no longer needed
+        thr = st.thr[i]
+        if thr is None:
+            mask = torch.zeros(tau.shape, dtype=torch.bool, device=tau.device)
+        else:
+            mask = (tau.abs() > thr).logical_and_(st.taken.logical_not())
+        st.taken |= mask
+        self._accumulate(st, tau, mask, i, k)
+
+
+def for_plan(name: str, nms=None) -> E.MergeMethod:
+    """A fresh instance of our method `name`, chunk-aligned to the n:m patterns `nms` where it has them."""
+    cls = CLASSES[name]
+    return cls(nms=nms) if issubclass(cls, _NM) else cls()
+
+
+CLASSES = {c.name: c for c in (Cabs, BalancedOnly, CAMagnitude)}
+assert set(CLASSES) == set(OWN_METHODS)
+for _c in CLASSES.values():
+    if _c.name not in E.REGISTRY:
+        E.register(_c)
