@@ -16,5 +16,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lowrank": ("lowrank", "Low-rank Swish networks: error vs compute on smooth targets, tabular CV, SVD compression of checkpoints."),
     "shap-pay": ("shap_pay", "M^Shap reciprocally fair federated-learning payments: Shapley payments and equilibria vs M0."),
     "guidedquant": ("guidedquant", "GuidedQuant end-loss-guided quantization with LNQ vs RTN, GPTQ and SqueezeLLM k-means, 2-4 bits."),
+    "cabs-merge": ("cabs_merge", "CABS model merging: conflict-aware balanced n:m sparsified task vectors, with baselines, on files or a demo."),
     "kpass": ("kpass", "Advantages for pass@k / majority-vote RL training (leave-one-out), as a JSONL transform, checks, demo."),
 }

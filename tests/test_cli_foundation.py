@@ -29,6 +29,7 @@ FAST_ARGS = {
     "lowrank": ["approx", "--widths", "8", "--ratios", "full,1/2", "--epochs", "1", "--n-train", "64", "--n-test", "64"],
     "shap-pay": ["equilibrium", "--n", "4", "--mechanism", "shap,none"],
     "kpass": ["check", "--quick"],
+    "cabs-merge": ["--n-seeds", "1", "--methods", "cabs"],
     "guidedquant": ["--steps", "2", "--calib-seqs", "2", "--eval-seqs", "2", "--seq-len", "8", "--methods", "lnq_guided,rtn"],
 }
 

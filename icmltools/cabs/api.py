@@ -5,7 +5,7 @@ only for a run that can start, then runs (`run_demo`, `merge_files`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from icmltools.core.errors import BadInputError
@@ -110,3 +110,164 @@ def demo_table(result: dict) -> tuple[list, list]:
                      "/".join(f"{x:g}" for x in r["lam"]), max((o or 0) for o in r["max_pairwise_overlap"])
                      if all(o is not None for o in r["max_pairwise_overlap"]) else None])
     return cols, rows
+
+
+# --------------------------------------------------------------------------------------------- files
+
+
+@dataclass
+class FileJob:
+    """A checked file merge: readers, the plan, per-model n:m and lambdas, output format, warnings."""
+
+    base: object
+    models: list
+    plan: object
+    method: str
+    nms: list
+    lams: list
+    tail: str
+    fmt: str
+    warnings: list = field(default_factory=list)
+    source: dict = field(default_factory=dict)
+
+    def config(self) -> dict:
+        return {"method": self.method, "base": str(self.base.path), "models": [str(m.path) for m in self.models],
+                "nm": [f"{n}:{m}" for n, m in self.nms], "lam": self.lams, "tail": self.tail, "format": self.fmt,
+                "plan": self.plan.describe(), **self.source}
+
+
+def _check_paths(base: str, models: Sequence[str]) -> None:
+    """The base given as a model, or a model given twice, is a mistake: refused before anything is opened."""
+    from pathlib import Path
+
+    seen: dict = {}
+    b = Path(base).resolve()
+    for c in models:
+        r = Path(c).resolve()
+        if r == b:
+            raise BadInputError(f"{c}: is the base itself (its task vector is zero)", param="models")
+        if r in seen:
+            raise BadInputError(f"{c}: given twice (also as {seen[r]})", param="models")
+        seen[r] = c
+
+
+def _lams(lam: Sequence[float], k: int) -> list[float]:
+    lams = [float(x) for x in lam]
+    if len(lams) == 1:
+        return lams * k
+    if len(lams) != k:
+        raise BadInputError(f"{len(lams)} lambdas for {k} models (give one, or one per model in the model order)",
+                            param="lam")
+    return lams
+
+
+def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm: str = "auto",
+                  nm_for: Sequence[str] = (), lam: Sequence[float] = (1.0,), tail: str = "pad",
+                  out_format: str = "same", chunk_elems: int | None = None, exclude: Sequence[str] = (),
+                  seed: int = 0, densities: Sequence[float] | None = None, options: dict | None = None,
+                  source: dict | None = None) -> FileJob:
+    """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
+    The order of `models` is the pruning order. NaN/inf task-vector values are refused as the merge streams."""
+    from icmltools.merge import engine as E
+    from icmltools.taskvec import open_checkpoint, resolve_output_format
+
+    from .options import DEFAULT_CHUNK_ELEMS, METHODS
+
+    if method not in METHODS and method != "dare_ties":
+        raise BadInputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method")
+    if not models:
+        raise BadInputError("no model given", param="models")
+    _check_paths(base, models)
+    k = len(models)
+    nms = P.resolve_nms(k, nm, nm_for)
+    P.check_tail(tail)
+    lams = _lams(lam, k)
+    warnings = []
+    if method in ("cabs", "ca_magnitude") and (w := P.overfull_warning(nms)):
+        warnings.append(w)
+    plan = engine_plan(method, k, nms, tail, weights=lams, seed=seed, exclude=exclude, densities=densities,
+                       chunk_elems=DEFAULT_CHUNK_ELEMS if chunk_elems is None else chunk_elems, options=options)
+    b = open_checkpoint(base)
+    ms = [open_checkpoint(m) for m in models]
+    E.open_and_check(b, ms, plan)
+    return FileJob(b, ms, plan, method, nms, lams, tail, resolve_output_format(b, out_format), warnings,
+                   dict(source or {}))
+
+
+def _peak_rss_gb() -> float:
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / 1e9 if sys.platform == "darwin" else r * 1024 / 1e9
+
+
+def _model_rows(job: FileJob, summary: dict, short: list | None) -> list[dict]:
+    rows = []
+    per = summary.get("models") or [{} for _ in job.models]
+    for i, (m, (n, mm), lam) in enumerate(zip(job.models, job.nms, job.lams)):
+        r = {"path": str(m.path), "lam": lam}
+        if job.method in ("cabs", "bs"):
+            r.update(n=n, m=mm)
+        elif job.plan.densities[i] is not None:
+            r["density"] = job.plan.densities[i]
+        r.update({k: per[i].get(k) for k in ("kept", "numel", "kept_fraction")})
+        if short is not None:
+            r["short_blocks"] = short[i]
+        rows.append(r)
+    return rows
+
+
+def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callable | None = None) -> dict:
+    """Stream theta = theta_0 + sum_k lambda_k * prune_k(tau_k) into `out_dir` (the base's format unless asked),
+    tensor by tensor on the engine; the output appears only when complete."""
+    import time
+    from pathlib import Path
+
+    from icmltools.merge import engine as E
+    from icmltools.taskvec import default_output_name
+
+    out_path = Path(out_dir) / default_output_name(job.base, job.fmt)
+    record = {"tool": "icml cabs-merge", "method": job.method, "order": [str(m.path) for m in job.models],
+              "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail,
+              "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
+    t0 = time.perf_counter()
+    stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
+                                  record=record, sign=1, progress=progress)
+    seconds = time.perf_counter() - t0
+    s = stats.summary(extended=True)
+    short = getattr(job.plan.method, "short", None)
+    tensor_density = [m.get("tensor_density") for m in s.get("models", [])]
+    return {"mode": "merge", "method": job.method, "order": [str(m.path) for m in job.models],
+            "nm": [f"{n}:{m}" for n, m in job.nms] if job.method in ("cabs", "bs") else None, "tail": job.tail,
+            "base": {"path": str(job.base.path), "format": job.base.format, "n_tensors": len(job.base.specs),
+                     "bytes": job.base.nbytes},
+            "models": _model_rows(job, s, short), "overlap": s.get("overlap"), "tensor_density": tensor_density,
+            "kept_fraction": s["kept_fraction"], "skipped_non_float": s["skipped_non_float"],
+            "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
+            "output_format": job.fmt, "bytes_read": s["bytes_read"], "seconds": seconds,
+            "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "peak_rss_gb": _peak_rss_gb(),
+            **({"config": job.source} if job.source else {})}
+
+
+def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = None, seed: int = 0,
+                   tail: str = "pad") -> FileJob:
+    """A mergekit YAML config as a file merge (the methods both tools have)."""
+    from . import mkconfig
+
+    cfg = mkconfig.read_config(path)
+    options = {k: v for k, v in cfg.params.items() if k in ("normalize", "gamma")}
+    if cfg.params.get("lambda", 1.0) != 1.0:
+        raise BadInputError(f"{path}: parameters.lambda (a global scale) is not supported; fold it into the weights",
+                            param="config")
+    if cfg.params.get("rescale", True) is not True:
+        raise BadInputError(f"{path}: parameters.rescale: false is not supported (DARE rescales)", param="config")
+    densities = [1.0 if d is None else d for d in cfg.densities]   # mergekit's default density is 1
+    nm = f"{cfg.nms[0][0]}:{cfg.nms[0][1]}"
+    nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]
+    job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
+                        out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
+                        options=options or None,
+                        source={"file": str(path), "merge_method": cfg.mergekit_method})
+    job.warnings.extend(cfg.warnings)
+    return job

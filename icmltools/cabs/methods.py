@@ -15,6 +15,7 @@ from icmltools.core.errors import BadInputError
 from icmltools.merge import engine as E
 
 from . import prune as P
+from . import stats as S
 from .options import DEFAULT_TAIL, OWN_METHODS
 
 REFERENCE = "Yang et al., CABS, ICML 2025 (arXiv 2503.01874)"
@@ -63,20 +64,24 @@ class _NM(_Pruned):
 
     def __init__(self, name=None, nms=None, **options):
         super().__init__(name, **options)
+        self.short = None
         if nms is not None:
-            self.chunk_multiple = _lcm(m for _, m in nms)
+            self.short = [0] * len(nms)   # per model: blocks keeping fewer than n slots (CA left fewer free)
+
+    def _count_short(self, st, mask, i: int, n: int, m: int) -> None:
+        if self.short is not None and i < len(self.short):
+            self.short[i] += S.short_blocks(mask, n, m, st.plan.options["tail"])
+
+    def chunk_multiple_for(self, plan):
+        """Chunks align to every model's m (the lcm), so no block straddles two chunks."""
+        return _lcm(mo["m"] for mo in plan.models)
 
     def validate(self, plan):
         P.check_tail(plan.options["tail"])
-        ms = []
         for i, mo in enumerate(plan.models):
             n, m = mo.get("n"), mo.get("m")
             if not (isinstance(n, int) and isinstance(m, int) and 1 <= n <= m):
                 raise BadInputError(f"model {i}: n:m needs integers 1 <= n <= m, got {n}:{m}", param="nm")
-            ms.append(m)
-        if plan.chunk_elems is not None and self.chunk_multiple % _lcm(ms) != 0:
-            raise BadInputError(f"chunks must align to every m (lcm {_lcm(ms)}); build the method with "
-                                "for_plan(nms) or merge unchunked", param="chunk_elems")
 
     @staticmethod
     def nm(st, i):
@@ -98,6 +103,7 @@ class Cabs(_NM):
         n, m = self.nm(st, i)
         mask = P.nm_mask(tau, n, m, st.taken, st.plan.options["tail"])  # only the last chunk has a tail
         st.taken |= mask
+        self._count_short(st, mask, i, n, m)
         self._accumulate(st, tau, mask, i, k)
 
 
@@ -109,7 +115,9 @@ class BalancedOnly(_NM):
 
     def add(self, st, tau, i, k, p):
         n, m = self.nm(st, i)
-        self._accumulate(st, tau, P.nm_mask(tau, n, m, None, st.plan.options["tail"]), i, k)
+        mask = P.nm_mask(tau, n, m, None, st.plan.options["tail"])
+        self._count_short(st, mask, i, n, m)
+        self._accumulate(st, tau, mask, i, k)
 
 
 class CAMagnitude(_Pruned):
@@ -153,7 +161,7 @@ class CAMagnitude(_Pruned):
 
 
 def for_plan(name: str, nms=None) -> E.MergeMethod:
-    """A fresh instance of our method `name`, chunk-aligned to the n:m patterns `nms` where it has them."""
+    """A fresh instance of our method `name` (it counts the short blocks of this one merge for `nms`)."""
     cls = CLASSES[name]
     return cls(nms=nms) if issubclass(cls, _NM) else cls()
 

@@ -2,8 +2,9 @@
 
 Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (each ``model`` with optional
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
-(defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the ties-family
-``normalize``, ``lambda``) and ``dtype`` (accepted only as documentation: the output keeps the base's
+(defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
+``normalize``, ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only); a density
+left unset is mergekit's 1.0) and ``dtype`` (accepted only as documentation: the output keeps the base's
 dtypes, a warning says so). Anything else (``slices``, ``tokenizer_source``, an unknown method or
 parameter) is refused in one line naming it: a silently ignored field would merge something else than the
 file asks for.
@@ -23,10 +24,10 @@ TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype"}
 MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
-                "breadcrumbs": {"weight", "density", "gamma"}}
+                "breadcrumbs": {"weight", "density"}}
 GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmetic": {"normalize", "lambda"},
                  "ties": {"normalize", "lambda"}, "dare_linear": {"normalize", "lambda", "rescale"},
-                 "dare_ties": {"normalize", "lambda", "rescale"}, "breadcrumbs": {"normalize", "lambda"}}
+                 "dare_ties": {"normalize", "lambda", "rescale"}, "breadcrumbs": {"normalize", "lambda", "gamma"}}
 
 
 @dataclass
@@ -113,8 +114,6 @@ def _per_model(path, mk: str, entry, defaults: dict, i: int) -> dict:
         out["density"] = _number(path, f"models[{i}].density", merged["density"], 0.0, 1.0)
     if merged.get("n_m_ratio") is not None:
         out["nm"] = _nm(path, f"models[{i}].n_m_ratio", merged["n_m_ratio"])
-    if merged.get("gamma") is not None:
-        out["gamma"] = _number(path, f"models[{i}].gamma", merged["gamma"], 0.0, 1.0)
     return out
 
 

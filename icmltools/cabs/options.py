@@ -7,19 +7,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from icmltools.core.reference import paper
+from icmltools.taskvec.formats import OUTPUT_FORMATS
 
 REFERENCE = paper("CABS: Conflict-Aware and Balanced Sparsification for Enhancing Model Merging",
                   "Zongzhen Yang et al.",
                   arxiv="2503.01874", code="https://github.com/zongzhenyang/CABS")
 
 # the method first, then its baselines on the same task vectors (the engine's names where it has them)
-METHODS = ("cabs", "task_arithmetic", "ties", "dare", "magnitude", "ca_magnitude", "bs", "breadcrumbs")
+METHODS = ("cabs", "task_arithmetic", "ties", "dare", "magnitude", "ca_magnitude", "bs", "breadcrumbs", "dare_ties")
 # the methods this package defines (the others come from the shared merge engine)
 OWN_METHODS = ("cabs", "ca_magnitude", "bs")
 # what happens to the last partial block of a tensor whose size is not a multiple of m:
 # pad = zero-pad to m and keep its top min(n, r) (mergekit); drop = prune it all (RoBERTa script)
 TAILS = ("pad", "drop")
 DEFAULT_TAIL = "pad"
+# output checkpoint format; "same" keeps the base's
+FORMATS = ("same",) + OUTPUT_FORMATS
 # the n:m pattern: "auto" = m 32, n = max(1, 16 // K) (total density <= 50 %, as all official settings)
 AUTO_NM = "auto"
 AUTO_M = 32

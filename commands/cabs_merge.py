@@ -1,0 +1,145 @@
+"""`icml cabs-merge`: conflict-aware, balanced (n:m) sparsification of task vectors for merging (CABS, ICML 2025)."""
+from __future__ import annotations
+
+import click
+
+from icmltools.cabs import options
+
+from . import common
+
+EPILOG = """Examples:
+
+\b
+  icml cabs-merge | jq -c '.result.summary[] | [.name, .test_avg, .max_pairwise_overlap]'
+  icml cabs-merge --n-seeds 3 --methods cabs,bs,ca_magnitude,task_arithmetic
+  icml cabs-merge --base base.safetensors --models math.safetensors,code.safetensors \\
+      --nm 8:32 --lam 0.6,0.4 --out merged_run | jq -c '.result.overlap.max_pairwise'
+  icml cabs-merge --base llama/ --models ft_a/,ft_b/ --nm-for 1=4:32 --exclude 'lm_head.*' --out run2
+  icml cabs-merge --config mergekit.yml --out run3   # a mergekit YAML (cabs, task_arithmetic, ties, ...)
+"""
+
+# library parameter -> flag, where the names differ
+PARAM_FLAGS = {"out_format": "--format", "weights": "--lam", "model_options": "--nm", "densities": "--nm",
+               "options": "--config"}
+DC = options.DemoConfig
+
+
+@common.command("cabs-merge", epilog=EPILOG, param_flags=PARAM_FLAGS)
+@click.option("--base", type=click.Path(exists=False), default=None,
+              help="Base checkpoint theta_0: .safetensors, a weights-only torch file, or a Hugging Face folder "
+                   "(sharded or not). Without it (and without --config) the embedded demo runs.")
+@click.option("--models", "models_csv", default=None, metavar="M1,M2,..",
+              help="Fine-tuned checkpoints, comma-separated; their order is the pruning order.")
+@click.option("-m", "--model", "model_list", multiple=True, type=click.Path(exists=False),
+              help="A fine-tuned checkpoint (repeat; the order given is the pruning order). Alternative to --models.")
+@click.option("--config", type=click.Path(exists=False, dir_okay=False), default=None,
+              help="A mergekit YAML config (models, base_model, merge_method, parameters weight/density/n_m_ratio) "
+                   "for the methods both tools have, instead of --base/--models.")
+@click.option("--method", type=click.Choice(options.METHODS), default="cabs",
+              help="File mode: CABS or a baseline at the same density n/m.")
+@click.option("--nm", default=options.AUTO_NM, metavar="auto|N:M",
+              help=f"n:m pattern for every model; auto = {options.AUTO_M} with n = max(1, {options.AUTO_TOTAL} // K). "
+                   "The other pruning methods use density n/m.")
+@click.option("--nm-for", multiple=True, metavar="I=N:M",
+              help="The n:m of model I (0-based, in the model order); repeat.")
+@click.option("--lam", type=common.CommaList(kind=float), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
+              help="Lambda: one for all models, or one per model in the model order.")
+@click.option("--tail", type=click.Choice(options.TAILS), default=options.DEFAULT_TAIL,
+              help="Last partial block (numel % m): pad = keep its top min(n, r) (mergekit); drop = prune it (RoBERTa).")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Tensor names (fnmatch glob) copied from the base unmerged; repeat.")
+@click.option("--format", "out_format", type=click.Choice(options.FORMATS), default="same",
+              help="Output checkpoint format; 'same' keeps the base's.")
+@click.option("--chunk-elems", type=click.IntRange(min=1), default=options.DEFAULT_CHUNK_ELEMS,
+              help="Elements per chunk for the n:m methods (rounded down to a multiple of every m: exact).")
+@click.option("--methods", type=common.CommaList(options.DEMO_METHODS, allow_all=True), default=",".join(DC.methods),
+              help="Demo: the merges compared.")
+@click.option("--n-seeds", type=click.IntRange(min=1), default=options.DEMO_N_SEEDS,
+              help="Demo: seeds --seed .. --seed+N-1.")
+@common.out_option()
+@common.standard_options(seed=True, device=True, threads=True)
+@click.pass_context
+def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, tail, exclude, out_format, chunk_elems,
+        methods, n_seeds, seed, device, threads, quiet, verbose, out):
+    """Merge fine-tuned models with CABS (Yang et al., ICML 2025) or a baseline, on the shared merge engine.
+
+    Each task vector tau_k = theta_k - theta_0 keeps the n largest magnitudes of every block of m
+    (balanced n:m sparsity), only on the positions no earlier model kept (conflict-aware, in the model
+    order), never rescaled; theta = theta_0 + sum_k lambda_k * pruned_k, streamed tensor by tensor.
+
+    Without --base, runs the embedded demo (four generated tasks on a shared trunk, fine-tuned per task,
+    the trunks merged) and reports per-task accuracy of CABS and its baselines at the same density.
+    """
+    models = _check_usage(ctx, base, models_csv, model_list, config)
+    with common.CommandRun(ctx, "cabs-merge", seed=seed, device=device, threads=threads,
+                           reference=options.REFERENCE, param_flags=PARAM_FLAGS) as run:
+        if base is None and config is None:
+            _demo(run, methods, nm, tail, n_seeds, out)
+        else:
+            _files(run, base, models, config, dict(method=method, nm=nm, nm_for=nm_for, lam=lam, tail=tail,
+                                                   out_format=out_format, chunk_elems=chunk_elems,
+                                                   exclude=exclude, seed=seed), out)
+
+
+FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "exclude", "out_format", "chunk_elems")
+DEMO_ONLY = ("methods", "n_seeds")
+NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam")
+
+
+def _given(ctx) -> list:
+    return [p for p in ctx.command.params if ctx.get_parameter_source(p.name) == click.core.ParameterSource.COMMANDLINE]
+
+
+def _check_usage(ctx, base, models_csv, model_list, config) -> list:
+    """Options that conflict or that the chosen mode would ignore, as usage errors (exit 2); the model list."""
+    given = _given(ctx)
+    if config is not None:
+        for p in given:
+            if p.name in NOT_WITH_CONFIG + DEMO_ONLY:
+                raise click.UsageError(f"{p.opts[-1]} does not go with --config (the config file says it)")
+        return []
+    if base is None:
+        for p in given:
+            if p.name in FILE_ONLY:
+                raise click.UsageError(f"{p.opts[-1]} applies to merges of your checkpoints only (with --base)")
+        return []
+    for p in given:
+        if p.name in DEMO_ONLY:
+            raise click.UsageError(f"{p.opts[-1]} applies to the embedded demo only (not with --base)")
+    if models_csv and model_list:
+        raise click.UsageError("give the models with --models or with -m/--model, not both")
+    models = [m.strip() for m in models_csv.split(",") if m.strip()] if models_csv else list(model_list)
+    if not models:
+        raise click.UsageError("give the fine-tuned checkpoints with --models M1,M2 (or -m M1 -m M2)")
+    return models
+
+
+def _demo(run, methods, nm, tail, n_seeds: int, out) -> None:
+    from dataclasses import asdict
+
+    from icmltools.cabs import api
+
+    cfg = api.demo_config(methods=methods, nm=nm, tail=tail)
+    if out:
+        run.make_dir(out, config=asdict(cfg))
+    with run.progress() as cb, run.timer.phase("demo"):
+        run.result = api.run_demo(cfg, seeds=range(run.seed, run.seed + n_seeds), tail=tail, progress=cb)
+    cols, rows = api.demo_table(run.result)
+    run.table(f"CABS demo: mean test accuracy over {n_seeds} seed(s), n:m {cfg.nm}", cols, rows)
+
+
+def _files(run, base, models, config, opts: dict, out) -> None:
+    from icmltools.cabs import api
+
+    with run.timer.phase("open"):
+        if config is not None:
+            job = api.prepare_config(config, out_format=opts["out_format"], chunk_elems=opts["chunk_elems"],
+                                     seed=opts["seed"], tail=opts["tail"])
+        else:
+            job = api.prepare_files(base, models, **opts)
+    for w in job.warnings:
+        run.log(f"warning: {w}")
+    d = run.make_dir(out, config=job.config())
+    with run.progress() as cb, run.timer.phase("merge"):
+        run.result = api.merge_files(job, d, device=run.device, progress=cb)
+    run.artifacts["merged"] = run.result["output"]
