@@ -7,13 +7,13 @@ The command calls only this module. Each mode resolves and checks every option f
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from icmltools.core.errors import BadInputError
+from icmltools.merge.search import search_files
 from icmltools.taskvec import default_output_name, open_checkpoint, resolve_output_format
 
 from . import demo as D
@@ -195,37 +195,21 @@ def _record(job: FileJob, lam, extra: dict | None = None) -> dict:
     return {**M.default_record(job.base, job.candidates, job.cfg, lam), **allowed, **(extra or {})}
 
 
-def _remove_checkpoint(p: Path) -> None:
-    if p.is_dir():
-        shutil.rmtree(p, ignore_errors=True)
-    else:
-        p.unlink(missing_ok=True)
-        Path(str(p) + ".json").unlink(missing_ok=True)
-
-
 def _search_lambda(job: FileJob, evaluator: S.CommandEvaluator, original: dict, tau: dict, tainted: set,
                    out_dir: Path, progress: Callable | None) -> dict:
-    """The official rule over job.lam_grid with the user's evaluation command; one temporary checkpoint per
-    lambda (lambda = 0 is the base, evaluated once, before the merge: `original`)."""
-    grid_dir = out_dir / ".lambda_grid"
-    grid_dir.mkdir(parents=True, exist_ok=True)
+    """The official rule over job.lam_grid with the user's evaluation command (the engine's search on files:
+    one temporary checkpoint per lambda; lambda = 0 is the base, evaluated once, before the merge: `original`)."""
+    thr = job.retain_ratio * original["retain_acc"]
+    below = [0]
 
-    def evaluate(lam_):
-        if lam_ == 0:
-            return dict(original)
-        p = grid_dir / default_output_name(job.base, job.fmt)
-        try:
-            M.apply_task_vector(job.base, tau, lam_, p, fmt=job.fmt, record=_record(job, lam_), tainted=tainted,
-                                param="lam_grid")
-            return evaluator(p, label=f"the checkpoint for lambda = {lam_:g}")
-        finally:
-            _remove_checkpoint(p)
+    def stop(row: dict) -> bool:  # patience: that many consecutive lambdas below the retain threshold
+        below[0] = below[0] + 1 if row["retain_acc"] < thr else 0
+        return bool(job.patience) and below[0] >= job.patience
 
-    try:
-        rows, sel = S.search(evaluate, job.lam_grid, original["retain_acc"], job.retain_ratio, progress=progress,
-                             patience=job.patience)
-    finally:
-        shutil.rmtree(grid_dir, ignore_errors=True)
+    rows, sel = search_files(job.base, tau, job.lam_grid, evaluator, out_dir, fmt=job.fmt,
+                             record=lambda lam_: _record(job, lam_), tainted=tainted, sign=-1, at_zero=original,
+                             rule=lambda r: S.select_lambda(r, original["retain_acc"], job.retain_ratio),
+                             progress=progress, patience=stop, out_name=default_output_name(job.base, job.fmt))
     return {"grid": list(job.lam_grid), "original": original, "rows": rows, "selected_lam": sel.lam,
             "feasible": sel.feasible, "retain_threshold": sel.threshold, "retain_ratio": job.retain_ratio,
             "eval_cmd": job.eval_cmd, "patience": job.patience,

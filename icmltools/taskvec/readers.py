@@ -58,6 +58,13 @@ class CheckpointReader(abc.ABC):
         out.copy_(self.get(name))
         return out
 
+    def get_range_into(self, name: str, start: int, stop: int, out):
+        """Read elements [start, stop) of tensor `name`, flattened in row-major order, into the contiguous
+        1-D tensor `out` (stop - start elements, the tensor's dtype); returns `out`. Chunked merges read one
+        slice of a tensor at a time with it."""
+        out.copy_(self.get(name).reshape(-1)[start:stop])
+        return out
+
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs.values())
@@ -139,6 +146,33 @@ class _SafetensorsFile:
                 raise BadInputError(f"{self.path}: truncated while reading tensor {name!r}")
         return out
 
+    def get_range_into(self, name: str, start: int, stop: int, out):
+        """Read elements [start, stop) of the flattened tensor straight into the contiguous 1-D `out`."""
+        import torch
+
+        rng = self.offsets.get(name)
+        spec = self.specs[name]
+        if rng is None or out.dtype != spec.dtype or not out.is_contiguous() or out.device.type != "cpu" \
+                or not 0 <= start <= stop <= spec.numel or out.numel() != stop - start:
+            out.copy_(self.get(name).reshape(-1)[start:stop])
+            return out
+        a, b = rng
+        if b - a != spec.nbytes:
+            raise BadInputError(f"{self.path}: tensor {name!r} has {b - a} bytes for {spec.nbytes} expected")
+        size = spec.dtype.itemsize
+        n = (stop - start) * size
+        if n:
+            mv = memoryview(out.view(torch.uint8).numpy())
+            try:
+                with open(self.path, "rb") as fh:
+                    fh.seek(self.data_start + a + start * size)
+                    got = fh.readinto(mv)
+            except OSError as e:
+                raise BadInputError(f"{self.path}: cannot read tensor {name!r} ({e})") from e
+            if got != n:
+                raise BadInputError(f"{self.path}: truncated while reading tensor {name!r}")
+        return out
+
     def get(self, name: str):
         from safetensors import safe_open
 
@@ -164,6 +198,9 @@ class SafetensorsReader(CheckpointReader):
 
     def get_into(self, name, out):
         return self._file.get_into(name, out)
+
+    def get_range_into(self, name, start, stop, out):
+        return self._file.get_range_into(name, start, stop, out)
 
 
 # --------------------------------------------------------------------------------------------- torch
@@ -287,6 +324,13 @@ class ShardedReader(CheckpointReader):
         if isinstance(f, _SafetensorsFile):
             return f.get_into(name, out)
         out.copy_(f[name])
+        return out
+
+    def get_range_into(self, name, start, stop, out):
+        f = self._files[self._where[name]]
+        if isinstance(f, _SafetensorsFile):
+            return f.get_range_into(name, start, stop, out)
+        out.copy_(f[name].reshape(-1)[start:stop])
         return out
 
     def close(self):

@@ -1,0 +1,818 @@
+"""The streamed merge: tau_i = theta_i - theta_0 per tensor, merged by one registered method, theta = theta_0 +
+lam * merge(tau_1..tau_N) (or theta_0 - lam * merge for task negation), written tensor by tensor.
+
+A method is one :class:`MergeMethod` subclass, registered with :func:`register`. The engine reads each tensor of
+the base and of every model lazily (:mod:`icmltools.taskvec`), in float32 (float64 stays float64) on the chosen
+device, and feeds the method one model at a time, in the given order, into reused buffers; the output keeps the
+base's format and each tensor's dtype and is written atomically (a failure leaves nothing).
+
+Chunks: a method that is ``local`` (element-wise rules, n:m blocks) is fed the flattened tensor in slices of
+``plan.chunk_elems`` elements (a multiple of the method's ``chunk_multiple``), so the buffers are a few chunks
+whatever the number of models, and the output is bitwise the unchunked one. A method with per-tensor statistics
+(top-k thresholds) ``scans`` each model's whole tensor first (one model at a time) and then runs chunked.
+
+Finite in, finite out: each task-vector chunk is checked with one reduction (a NaN/inf input makes it
+non-finite), or, for a method with a ``witness`` running sum, that sum once per chunk; a non-finite one names
+the tensor and the model file (inputs let in with ``allow_non_finite`` are listed instead), and a non-finite
+output tensor is a :class:`RuntimeFailure` that leaves no output.
+"""
+from __future__ import annotations
+
+import abc
+import fnmatch
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from icmltools.core.errors import BadInputError, RuntimeFailure
+from icmltools.core.seed import derive
+from icmltools.taskvec import (
+    CheckpointReader,
+    CheckpointWriter,
+    MemoryReader,
+    all_finite,
+    check_compatible,
+    count_non_finite,
+    is_float_dtype,
+)
+
+from .options import CHUNK_ELEMS
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MergeMethod", "REGISTRY", "register", "get_method", "Plan", "make_plan", "TensorState", "BufferPool",
+           "MergeStats", "TopK", "iter_merged", "merge_to_checkpoint", "merged_task_vector", "merge_state_dicts",
+           "merge_tensor", "apply_task_vector", "apply_to_state_dict", "dare_tensor", "dare_generator",
+           "check_input", "check_output", "compute_dtype", "open_and_check"]
+
+
+# --------------------------------------------------------------------------------------------- the method interface
+
+
+class MergeMethod(abc.ABC):
+    """One merge of N task vectors, per tensor, fed one model at a time (mergekit's ``MergeMethod``, streamed).
+
+    Class attributes:
+      ``name``, ``reference`` (paper); ``options`` (global parameter -> default, resolved into ``plan.options``);
+      ``model_options`` (per-model parameter -> default, resolved into ``plan.models[i]``; ``weight`` and
+      ``density`` are generic: ``plan.weights[i]``, ``plan.densities[i]``); ``buffers`` ((attribute, None for
+      the compute dtype or a torch dtype name) allocated chunk-sized from the pool and set on the tensor state
+      for every chunk); ``local`` (the rule is element-wise or block-local: the engine may chunk);
+      ``chunk_multiple`` (chunk boundaries fall on multiples of this many flattened elements, e.g. m of n:m);
+      ``passes`` (each model's chunk is fed this many times per chunk, pass index ``p``); ``scans`` (call
+      :meth:`scan` with each model's whole task vector before the chunks); ``witness`` (a buffer holding the
+      running sum of every task vector fed: one finiteness check per chunk stands for all inputs);
+      ``min_models``; ``uses_density``; ``tracks`` (per-model kept counts and the overlap matrix, via
+      ``st.mark``); ``draws_dare`` (the method draws DARE masks itself: the generic ``dare_p`` is refused).
+
+    Models are always fed in the order given (index ``i``; ``k`` counts the models fed so far in this pass). A
+    method keeps per-tensor state on ``st`` (set in :meth:`begin`, which runs once per tensor before any chunk).
+    A new method is one subclass and one :func:`register` call.
+    """
+
+    name = ""
+    reference = ""
+    options: Mapping = {}
+    model_options: Mapping = {}
+    buffers: tuple = ()
+    local = True
+    chunk_multiple = 1
+    passes = 1
+    scans = False
+    witness: str | None = None
+    min_models = 1
+    uses_density = False
+    default_density: float | None = None
+    tracks = False
+    draws_dare = False
+
+    def __init__(self, name: str | None = None, **options):
+        """An instance may rename the method (a command's own name for it) and change option defaults."""
+        if name is not None:
+            self.name = name
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            raise TypeError(f"{type(self).__name__}: unknown option {unknown[0]!r}")
+        self.options = {**self.options, **options}
+
+    def chunk_multiple_for(self, plan: "Plan") -> int:
+        """Chunk boundaries fall on multiples of this (default ``chunk_multiple``; e.g. the lcm of per-model m)."""
+        return self.chunk_multiple
+
+    def validate(self, plan: "Plan") -> None:
+        """Checks of the plan beyond the generic ones (raise BadInputError naming the parameter)."""
+        return None
+
+    def wants(self, plan: "Plan", i: int) -> bool:
+        """Whether model i's task vector is read at all (a zero weight skips it: -0.0 in the base survives)."""
+        return plan.weights[i] != 0
+
+    def begin(self, st: "TensorState") -> None:
+        """Per-tensor setup, before any scan or chunk."""
+        return None
+
+    def scan(self, st: "TensorState", tau, i: int) -> None:
+        """With ``scans``: model i's whole task vector (flattened), e.g. for a top-k threshold."""
+        return None
+
+    @abc.abstractmethod
+    def add(self, st: "TensorState", tau, i: int, k: int, p: int) -> None:
+        """Model i's task-vector chunk (flattened, compute dtype; may be modified), the k-th fed in pass p."""
+
+    @abc.abstractmethod
+    def finish(self, st: "TensorState"):
+        """(merged task-vector chunk or None for "leave the base unchanged", kept element count) of the chunk."""
+
+
+REGISTRY: dict[str, MergeMethod] = {}
+
+
+def register(method: MergeMethod | type) -> MergeMethod:
+    """Add a method (class or instance) to :data:`REGISTRY` under its name; returns the instance. Usable as a
+    class decorator (then returns the class)."""
+    inst = method() if isinstance(method, type) else method
+    if not inst.name:
+        raise TypeError(f"{type(inst).__name__}: a merge method needs a name")
+    REGISTRY[inst.name] = inst
+    return method
+
+
+def get_method(name: str | MergeMethod) -> MergeMethod:
+    """The registered method `name` (an instance passes through)."""
+    if isinstance(name, MergeMethod):
+        return name
+    from . import methods  # noqa: F401  (registers the general methods)
+
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise BadInputError(f"unknown merge method {name!r}; choose one of {', '.join(sorted(REGISTRY))}",
+                            param="method") from None
+
+
+# --------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved, checked merge: the method, per-model weights/densities/options, the global options."""
+
+    method: MergeMethod
+    n_models: int
+    weights: tuple
+    densities: tuple
+    options: Mapping
+    models: tuple
+    seed: int = 0
+    dare_p: float = 0.0
+    chunk_elems: int | None = CHUNK_ELEMS
+    include: tuple = ()
+    exclude: tuple = ()
+
+    def selected(self, name: str) -> bool:
+        """Whether tensor `name` is merged (include globs, if any, match it and no exclude glob does)."""
+        if self.include and not any(fnmatch.fnmatchcase(name, g) for g in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
+
+    def describe(self) -> dict:
+        """The plan as plain data (records, run folders)."""
+        return {"method": self.method.name, "n_models": self.n_models, "weights": list(self.weights),
+                "densities": list(self.densities), "options": dict(self.options), "models": [dict(m) for m in self.models],
+                "seed": self.seed, "dare_p": self.dare_p, "chunk_elems": self.chunk_elems,
+                "include": list(self.include), "exclude": list(self.exclude)}
+
+
+def _per_model(values, n: int, default, what: str) -> tuple:
+    if values is None:
+        return (default,) * n
+    vals = tuple(values)
+    if len(vals) == 1 and n > 1:
+        return vals * n
+    if len(vals) != n:
+        raise BadInputError(f"{len(vals)} values for {n} models (give one, or one per model)", param=what)
+    return vals
+
+
+def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densities=None, options: Mapping | None = None,
+              model_options: Sequence[Mapping] | None = None, seed: int = 0, dare_p: float = 0.0,
+              chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Plan:
+    """Resolve and check a merge before anything is read: per-model lists (one value broadcasts), densities in
+    (0, 1], weights finite, unknown options refused, then the method's own checks."""
+    m = get_method(method)
+    if n_models < m.min_models:
+        raise BadInputError(f"{m.name} merges at least {m.min_models} model{'s' * (m.min_models != 1)}, got {n_models}",
+                            param="models")
+    w = tuple(float(x) for x in _per_model(weights, n_models, 1.0, "weights"))
+    if not all(math.isfinite(x) for x in w):
+        raise BadInputError("weights must be finite numbers", param="weights")
+    d = _per_model(densities, n_models, m.default_density, "densities")
+    if m.uses_density and not all(x is not None and 0.0 < float(x) <= 1.0 for x in d):
+        raise BadInputError(f"densities must be in (0, 1], got {list(d)}", param="densities")
+    d = tuple(None if x is None else float(x) for x in d)
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - set(m.options))
+    if unknown:
+        raise BadInputError(f"{m.name} has no option {unknown[0]!r} (options: {', '.join(m.options) or 'none'})",
+                            param="options")
+    mo = list(model_options or [{}] * n_models)
+    if len(mo) != n_models:
+        raise BadInputError(f"{len(mo)} per-model option sets for {n_models} models", param="model_options")
+    models = tuple({**m.model_options, **dict(x or {})} for x in mo)
+    if not 0.0 <= dare_p < 1.0:
+        raise BadInputError(f"must be in [0, 1), got {dare_p}", param="dare_p")
+    if dare_p > 0 and m.draws_dare:
+        raise BadInputError(f"{m.name} drops at random itself (DARE); a second DARE would draw the same masks",
+                            param="dare_p")
+    if chunk_elems is not None and chunk_elems < 1:
+        raise BadInputError(f"must be >= 1, got {chunk_elems}", param="chunk_elems")
+    plan = Plan(m, n_models, w, d, {**m.options, **opts}, models, seed, float(dare_p), chunk_elems,
+                tuple(include), tuple(exclude))
+    m.validate(plan)
+    return plan
+
+
+# --------------------------------------------------------------------------------------------- buffers, kernels
+
+
+class BufferPool:
+    """Flat tensors reused across tensors of the model (allocation and page faults dominate otherwise)."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.bufs: dict = {}
+        self.allocations = 0
+
+    def get(self, key: str, shape, dtype):
+        import torch
+
+        numel = 1
+        for s_ in shape:
+            numel *= int(s_)
+        b = self.bufs.get(key)
+        if b is None or b.dtype != dtype or b.numel() < numel:
+            self.bufs.pop(key, None)
+            b = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
+            self.bufs[key] = b
+            self.allocations += 1
+        return b[:numel].view(tuple(shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the pool's buffers (tests bound peak memory by it)."""
+        return sum(b.numel() * b.element_size() for b in self.bufs.values())
+
+
+def compute_dtype(dtype):
+    import torch
+
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def dare_tensor(t, p: float, generator):
+    """DARE drop-and-rescale (Yu et al. 2024, Eq. 1-2): keep each element with probability 1-p, scale the kept
+    ones by 1/(1-p)."""
+    import torch
+
+    if p <= 0:
+        return t
+    keep = torch.rand(t.shape, generator=generator, device=t.device) >= p
+    return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def dare_generator(seed: int, name: str, i: int, device):
+    """The DARE mask stream of model i's tensor `name`: ``derive(seed, "dare", name, i)``. Its uniforms are
+    drawn in flattened order, chunk after chunk, so a chunked merge draws the numbers of an unchunked one."""
+    return derive(seed, "dare", name, i).torch(str(device))
+
+
+class TopK:
+    """Exactly k elements of largest |x| of one model's tensor (flattened), found with bounded memory.
+
+    The threshold is the k-th largest |x| (``torch.kthvalue`` on this one model's |tau|); every element above it
+    is kept, and of those equal to it the first ones in flattened order until k are kept (ties broken by lower
+    index). With ``keep_ties`` every element equal to the threshold is kept (possibly more than k). The mask
+    of each chunk is made by :meth:`mask`, fed the chunks in order (once per pass)."""
+
+    def __init__(self, tau_flat, k: int, keep_ties: bool = False):
+        import torch
+
+        n = tau_flat.numel()
+        self.k, self.n, self.keep_ties = k, n, keep_ties
+        self.seen: dict = {}
+        self.thr = None
+        if k <= 0 or k >= n:
+            return
+        a = tau_flat.abs()
+        self.thr = float(torch.kthvalue(a, n - k + 1).values)
+        n_gt = int(torch.count_nonzero(a > self.thr))
+        self.ties_kept = k - n_gt
+        self.all_ties = keep_ties or self.ties_kept == int(torch.count_nonzero(a == self.thr))
+
+    def mask(self, chunk, p: int = 0):
+        """The kept elements of the next chunk (bool), for pass p."""
+        import torch
+
+        if self.k <= 0:
+            return torch.zeros(chunk.shape, dtype=torch.bool, device=chunk.device)
+        if self.thr is None:
+            return torch.ones(chunk.shape, dtype=torch.bool, device=chunk.device)
+        a = chunk.abs()
+        if self.all_ties:
+            return a >= self.thr
+        eq = a == self.thr
+        before = self.seen.get(p, 0)
+        rank = torch.cumsum(eq, 0, dtype=torch.int64)
+        self.seen[p] = before + int(rank[-1]) if rank.numel() else before
+        keep = eq & (rank <= self.ties_kept - before)
+        return keep.logical_or_(a > self.thr)
+
+
+def top_count(density: float, numel: int) -> int:
+    """Elements kept at `density`: int(density * numel) (mergekit's count)."""
+    return int(density * numel)
+
+
+# --------------------------------------------------------------------------------------------- per-tensor state
+
+
+class TensorState:
+    """What a method sees of one tensor: name, shape, numel, compute dtype, device, the plan, the current chunk
+    [start, stop), per-chunk buffers (``buffers`` attributes and :meth:`buf`), DARE streams, and :meth:`mark`."""
+
+    def __init__(self, plan: Plan, name: str, shape, dtype, pool: BufferPool, tracking: bool):
+        self.plan, self.name, self.shape, self.dtype, self.pool = plan, name, tuple(shape), dtype, pool
+        self.device = pool.device
+        self.numel = 1
+        for s in self.shape:
+            self.numel *= int(s)
+        self.n = plan.n_models
+        self.start = self.stop = 0
+        self.model_kept = [0] * self.n
+        self.overlap = None
+        self._bits = None
+        self._gens: dict = {}
+        self.tracking = tracking and self.n <= 63
+
+    def buf(self, key: str, dtype=None, numel: int | None = None):
+        """A pooled flat buffer of the chunk's size (compute dtype unless `dtype`); contents are undefined."""
+        return self.pool.get(key, (self.stop - self.start if numel is None else numel,), dtype or self.dtype)
+
+    def dare(self, tau, i: int, p: float, stream=0):
+        """DARE on model i's chunk with the stream derive(seed, "dare", name, i), drawn on in chunk order;
+        `stream` separates passes that draw the same numbers again."""
+        key = (stream, i)
+        g = self._gens.get(key)
+        if g is None:
+            g = self._gens[key] = dare_generator(self.plan.seed, self.name, i, self.device)
+        return dare_tensor(tau, p, g)
+
+    def mark(self, i: int, pruned) -> None:
+        """Count model i's kept slots (the nonzeros of its pruned chunk) for the density and overlap figures."""
+        import torch
+
+        nz = pruned != 0
+        self.model_kept[i] += int(torch.count_nonzero(nz))
+        if self.tracking:
+            if self._bits is None:
+                self._bits = torch.zeros(nz.shape, dtype=torch.int64, device=nz.device)
+            self._bits.bitwise_or_(nz.to(torch.int64) << i)
+
+    def _chunk_overlap(self) -> None:
+        if self._bits is None:
+            return
+        import torch
+
+        if self.overlap is None:
+            self.overlap = [[0] * self.n for _ in range(self.n)]
+        for i in range(self.n):
+            for j in range(i, self.n):
+                m = (1 << i) | (1 << j)
+                c = int(torch.count_nonzero(torch.bitwise_and(self._bits, m) == m))
+                self.overlap[i][j] += c
+                if j != i:
+                    self.overlap[j][i] += c
+        self._bits = None
+
+
+# --------------------------------------------------------------------------------------------- checks
+
+
+def check_input(t, reader: CheckpointReader, name: str, allow: bool, stats: "MergeStats | None") -> None:
+    """Refuse an input tensor holding NaN/inf, naming its file and tensor; with `allow`, record it in
+    `stats.non_finite_inputs` instead (the output is still checked)."""
+    if all_finite(t):
+        return
+    k = count_non_finite(t)
+    if not allow:
+        raise BadInputError(f"{reader.path}: tensor {name!r} holds {k} NaN/inf value{'s' * (k != 1)} (of {t.numel()}); "
+                            "non-finite inputs are refused unless allowed", param="allow_non_finite")
+    if stats is not None:
+        stats.non_finite_inputs.append({"file": str(reader.path), "tensor": name, "count": k})
+
+
+def check_output(t, name: str, lam: float, tainted: bool = False, param: str | None = "lam", sign: int = -1) -> None:
+    """A non-finite output tensor is a RuntimeFailure naming it and the likely cause: lambda too large for
+    the dtype (finite inputs), or non-finite inputs let in (`tainted`) that reach it."""
+    if all_finite(t):
+        return
+    dt = str(t.dtype).replace("torch.", "")
+    if tainted:
+        raise RuntimeFailure(f"tensor {name!r} of the output would hold NaN/inf at lambda = {lam:g}: the non-finite "
+                             "input values let in reach it; nothing written", param="allow_non_finite")
+    formula = "theta_pre - lambda * tau" if sign < 0 else "theta_0 + lambda * tau"
+    raise RuntimeFailure(f"tensor {name!r}: {formula} is not finite in {dt} at lambda = {lam:g} "
+                         "(lambda too large for the dtype?); nothing written", param=param)
+
+
+def open_and_check(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan) -> None:
+    """Keys, shapes and dtypes of every model against the base, before any arithmetic."""
+    if len(models) != plan.n_models:
+        raise BadInputError(f"the plan is for {plan.n_models} models, got {len(models)}", param="models")
+    for c in models:
+        check_compatible(base, c)
+    if not any(is_float_dtype(s.dtype) for s in base.specs.values()):
+        raise BadInputError(f"{base.path}: no floating-point tensor to merge")
+
+
+# --------------------------------------------------------------------------------------------- statistics
+
+
+@dataclass
+class MergeStats:
+    """Sparsity and throughput of one merge: kept fraction overall and per tensor; with a tracking method, each
+    model's kept count per tensor and the pairwise overlap of the pruned task vectors."""
+
+    method: str
+    n_candidates: int
+    numel: int = 0
+    kept: int = 0
+    n_tensors: int = 0
+    skipped_non_float: list = field(default_factory=list)
+    excluded: list = field(default_factory=list)
+    per_tensor: dict = field(default_factory=dict)
+    model_kept: dict = field(default_factory=dict)  # tensor -> [kept per model] (tracking methods)
+    overlap: list | None = None                     # K x K slots nonzero in both pruned vectors
+    bytes_read: int = 0
+    seconds: float = 0.0
+    non_finite_inputs: list = field(default_factory=list)  # (file, tensor, count): only with allow_non_finite
+
+    @property
+    def non_finite_tensors(self) -> set:
+        """Names of the tensors whose inputs held NaN/inf (allowed in)."""
+        return {r["tensor"] for r in self.non_finite_inputs}
+
+    def add(self, spec, kept: int, n_read: int, st: TensorState | None = None) -> None:
+        """Count one merged tensor: its elements, those kept, and the bytes of the n_read tensors read."""
+        self.bytes_read += n_read * spec.nbytes
+        self.numel += spec.numel
+        self.kept += kept
+        self.n_tensors += 1
+        self.per_tensor[spec.name] = (spec.numel, kept)
+        if st is not None and st.plan.method.tracks:
+            self.model_kept[spec.name] = list(st.model_kept)
+            if st.overlap is not None:
+                if self.overlap is None:
+                    self.overlap = [[0] * st.n for _ in range(st.n)]
+                for i in range(st.n):
+                    for j in range(st.n):
+                        self.overlap[i][j] += st.overlap[i][j]
+
+    @property
+    def kept_fraction(self) -> float:
+        return self.kept / self.numel if self.numel else float("nan")
+
+    def summary(self, per_tensor: bool = False, extended: bool = False) -> dict:
+        """The result's stats; `extended` adds the engine's per-model figures (densities, overlap, filters)."""
+        d = {"method": self.method, "n_candidates": self.n_candidates, "n_tensors": self.n_tensors,
+             "numel": self.numel, "kept": self.kept, "kept_fraction": self.kept_fraction,
+             "skipped_non_float": self.skipped_non_float, "bytes_read": self.bytes_read,
+             "seconds": round(self.seconds, 4), "non_finite_inputs": self.non_finite_inputs,
+             "read_gb_per_s": (self.bytes_read / 1e9 / self.seconds) if self.seconds > 0 else None}
+        if per_tensor:
+            d["per_tensor"] = {k: {"numel": n, "kept_fraction": (c / n if n else None)}
+                               for k, (n, c) in self.per_tensor.items()}
+        if extended:
+            d.update(self._extended(per_tensor))
+        return d
+
+    def _extended(self, per_tensor: bool) -> dict:
+        d: dict = {"excluded": self.excluded}
+        if not self.model_kept:
+            return d
+        numels = {k: n for k, (n, _) in self.per_tensor.items()}
+        models = []
+        for i in range(self.n_candidates):
+            kept = sum(v[i] for v in self.model_kept.values())
+            dens = [v[i] / numels[k] for k, v in self.model_kept.items() if numels[k]]
+            mean = sum(dens) / len(dens) if dens else float("nan")
+            std = math.sqrt(sum((x - mean) ** 2 for x in dens) / len(dens)) if dens else float("nan")
+            numel = sum(numels[k] for k in self.model_kept)
+            models.append({"kept": kept, "numel": numel, "kept_fraction": kept / numel if numel else None,
+                           "tensor_density": {"min": min(dens, default=None), "max": max(dens, default=None),
+                                              "std": std}})
+        d["models"] = models
+        if per_tensor:
+            d["tensor_density"] = {k: [c / numels[k] if numels[k] else None for c in v]
+                                   for k, v in self.model_kept.items()}
+        if self.overlap is not None:
+            d["overlap"] = overlap_summary(self.overlap)
+        return d
+
+
+def overlap_summary(counts: list) -> dict:
+    """counts[i][j] = slots nonzero in both pruned vectors i and j (diagonal: each one's nonzeros); iou =
+    counts[i][j] / (counts[i][i] + counts[j][j] - counts[i][j]); max_pairwise over i != j."""
+    n = len(counts)
+    iou = [[None] * n for _ in range(n)]
+    for i in range(n):
+        for j in range(n):
+            union = counts[i][i] + counts[j][j] - counts[i][j]
+            iou[i][j] = counts[i][j] / union if union else 0.0
+    pairs = [counts[i][j] for i in range(n) for j in range(n) if i != j]
+    return {"counts": counts, "iou": iou, "max_pairwise": max(pairs, default=0)}
+
+
+# --------------------------------------------------------------------------------------------- the stream
+
+
+@dataclass
+class _Run:
+    """One streamed merge: inputs, plan, device, pools, stats and the non-finite policy."""
+
+    base: CheckpointReader
+    models: Sequence[CheckpointReader]
+    plan: Plan
+    device: str
+    stats: MergeStats
+    allow: bool = False
+    cpu_pool: BufferPool = field(default_factory=BufferPool)
+    dev_pool: BufferPool | None = None
+
+    def __post_init__(self):
+        if self.dev_pool is None:
+            self.dev_pool = self.cpu_pool if self.device == "cpu" else BufferPool(self.device)
+
+
+def _chunks(numel: int, plan: Plan):
+    """[start, stop) slices of the flattened tensor: whole for non-local methods, else chunk_elems rounded down
+    to a multiple of the method's chunk_multiple (at least one multiple)."""
+    m = plan.method
+    if not m.local or plan.chunk_elems is None or numel <= plan.chunk_elems:
+        yield 0, numel
+        return
+    mult = max(1, int(m.chunk_multiple_for(plan)))
+    size = max(mult, plan.chunk_elems // mult * mult)
+    for a in range(0, numel, size):
+        yield a, min(numel, a + size)
+
+
+def _read(run: _Run, reader, name, spec, a: int, b: int, key: str, full: bool):
+    """Elements [a, b) of tensor `name` of `reader` into a pooled CPU buffer (the tensor's dtype)."""
+    out = run.cpu_pool.get(key, (b - a,), spec.dtype)
+    if full:
+        return reader.get_into(name, out.view(tuple(spec.shape))).reshape(-1)
+    return reader.get_range_into(name, a, b, out)
+
+
+def _to_compute(run: _Run, raw, key: str, cd):
+    """`raw` in the compute dtype on the device (the same buffer when nothing changes)."""
+    if raw.dtype == cd and run.device == "cpu":
+        return raw
+    return run.dev_pool.get(key, tuple(raw.shape), cd).copy_(raw)
+
+
+class _Diagnosis:
+    """Once per tensor, when a finiteness check fails: which input is at fault (named), else an overflow."""
+
+    def __init__(self):
+        self.done = False
+        self.inputs_bad = False
+
+    def run(self, run: _Run, name: str, wanted: Sequence[int]) -> None:
+        if self.done:
+            return
+        self.done = True
+        before = len(run.stats.non_finite_inputs)
+        check_input(run.base.get(name), run.base, name, run.allow, run.stats)
+        for i in wanted:
+            check_input(run.models[i].get(name), run.models[i], name, run.allow, run.stats)
+        self.inputs_bad = len(run.stats.non_finite_inputs) > before
+
+
+def _overflow(run: _Run, name: str, i: int, cd) -> RuntimeFailure:
+    dt = str(cd).replace("torch.", "")
+    return RuntimeFailure(f"{run.models[i].path}: tensor {name!r}: the task vector (model - base) is not finite in "
+                          f"{dt} (the difference overflows); nothing written", param="models")
+
+
+def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
+    """Feed each wanted model's whole task vector (after DARE) to the method's scan, one model at a time."""
+    cd = st.dtype
+    b = _to_compute(run, _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), "base_c", cd)
+    for i in wanted:
+        raw = _read(run, run.models[i], spec.name, spec, 0, spec.numel, "raw_cand", True)
+        tau = _to_compute(run, raw, "tau", cd).sub_(b)
+        if not all_finite(tau):
+            diag.run(run, spec.name, wanted)
+            if not diag.inputs_bad:
+                raise _overflow(run, spec.name, i, cd)
+        if run.plan.dare_p > 0:
+            tau = dare_tensor(tau, run.plan.dare_p, dare_generator(run.plan.seed, spec.name, i, run.device))
+        run.plan.method.scan(st, tau, i)
+
+
+def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, whole: bool,
+                diag: _Diagnosis, each: bool) -> None:
+    """Every pass of every wanted model over chunk [a, b)."""
+    m, plan, cd = run.plan.method, run.plan, st.dtype
+    for p in range(m.passes):
+        for k, i in enumerate(wanted):
+            raw = _read(run, run.models[i], spec.name, spec, a, b, "raw_cand", whole)
+            tau = _to_compute(run, raw, "tau", cd)
+            tau.sub_(bd)
+            if each and p == 0 and not m.scans and not all_finite(tau):  # before DARE (its drops hide NaN)
+                diag.run(run, spec.name, wanted)
+                if not diag.inputs_bad:
+                    raise _overflow(run, spec.name, i, cd)
+            if plan.dare_p > 0:
+                tau = st.dare(tau, i, plan.dare_p, stream=p)
+            m.add(st, tau, i, k, p)
+
+
+def _tensor_chunks(run: _Run, spec):
+    """Merge one float tensor chunk by chunk: yields (start, stop, raw base chunk, base chunk in the compute
+    dtype, merged chunk or None); returns nothing. Updates the stats when the tensor is done."""
+    import torch
+
+    plan, m = run.plan, run.plan.method
+    name, cd = spec.name, compute_dtype(spec.dtype)
+    st = TensorState(plan, name, spec.shape, cd, run.dev_pool, m.tracks)
+    wanted = [i for i in range(plan.n_models) if m.wants(plan, i)]
+    witness = m.witness if (m.witness and plan.dare_p == 0 and not m.scans) else None
+    diag, kept = _Diagnosis(), 0
+    spans = list(_chunks(spec.numel, plan))
+    whole = len(spans) == 1
+    with torch.no_grad():  # never across a yield: grad mode is thread state the caller would inherit
+        m.begin(st)
+        if m.scans:
+            _scan(run, st, spec, wanted, diag)
+    for a, b in spans:
+        with torch.no_grad():
+            st.start, st.stop = a, b
+            for key, dt in m.buffers:
+                setattr(st, key, st.buf(key, None if dt is None else getattr(torch, dt)))
+            raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
+            bd = _to_compute(run, raw_b, "base_c", cd)
+            _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None)
+            if witness is not None and wanted and not all_finite(getattr(st, witness)):
+                diag.run(run, name, wanted)  # inputs finite: a task vector overflowed; the output check decides
+            merged, c = m.finish(st)
+            kept += c
+            st._chunk_overlap()
+        yield a, b, raw_b, bd, merged
+    run.stats.add(spec, kept, 1 + len(wanted), st)
+
+
+def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan, names: Sequence[str],
+                device: str = "cpu", stats: MergeStats | None = None, progress: Callable | None = None,
+                allow_non_finite: bool = False):
+    """Yield (name, spec, chunks) tensor by tensor; `chunks` is None for tensors copied from the base (integer,
+    bool, or filtered out), else an iterator of (start, stop, raw base chunk, base chunk in the compute dtype,
+    merged task-vector chunk or None): consume it before the next tensor (the buffers are reused)."""
+    stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
+    run = _Run(base, models, plan, device, stats, allow_non_finite)
+    t0 = time.perf_counter()
+    for j, name in enumerate(names):
+        spec = base.specs[name]
+        if not is_float_dtype(spec.dtype):
+            stats.bytes_read += spec.nbytes
+            stats.skipped_non_float.append(name)
+            yield name, spec, None
+        elif not plan.selected(name):
+            stats.bytes_read += spec.nbytes
+            stats.excluded.append(name)
+            yield name, spec, None
+        else:
+            yield name, spec, _tensor_chunks(run, spec)
+        stats.seconds = time.perf_counter() - t0
+        if progress is not None:
+            progress("merging tensors", j + 1, len(names))
+
+
+def _apply_chunk(bd, merged, lam: float, sign: int, pool: BufferPool):
+    """theta_0 + sign * lam * tau in the compute dtype (task negation: sign -1, NegMerge Sec. 3)."""
+    import torch
+
+    if sign > 0 and lam == 1.0:
+        return torch.add(bd, merged, out=pool.get("res", bd.shape, bd.dtype))
+    scaled = torch.mul(merged, lam, out=pool.get("scaled", bd.shape, bd.dtype))
+    op = torch.sub if sign < 0 else torch.add
+    return op(bd, scaled, out=pool.get("res", bd.shape, bd.dtype))
+
+
+def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool, pool: BufferPool,
+                  tainted: Callable[[], bool], base: CheckpointReader) -> None:
+    """Fill the output tensor (base dtype, CPU) chunk by chunk and hand it to the writer."""
+    if chunks is None:
+        w.write(name, base.get(name))
+        return
+    out = pool.get("out", (spec.numel,), spec.dtype)
+    for a, b, raw_b, bd, merged in chunks:
+        if merged is None or (skip_zero and lam == 0):
+            out[a:b].copy_(raw_b)
+            continue
+        res = _apply_chunk(bd, merged, lam, sign, pool)
+        o = out[a:b].copy_(res)
+        check_output(o, name, lam, tainted(), "lam", sign)
+    w.write(name, out.view(tuple(spec.shape)))
+
+
+def merge_to_checkpoint(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan, lam: float, out_path,
+                        *, fmt: str = "same", device: str = "cpu", record: dict | None = None, sign: int = 1,
+                        skip_zero: bool = True, progress: Callable | None = None, allow_non_finite: bool = False,
+                        stats: MergeStats | None = None) -> MergeStats:
+    """Stream theta = theta_0 + sign * lam * merge(tau_1..tau_N) into `out_path` (atomic; the base's format
+    unless `fmt`; each tensor keeps its dtype). With `skip_zero` a lambda of 0 (or a method leaving a chunk
+    unchanged) writes the base's bytes (so -0.0 survives). A failure leaves nothing at `out_path`."""
+    open_and_check(base, models, plan)
+    stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
+    pool = BufferPool("cpu")
+    with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
+        for name, spec, chunks in iter_merged(base, models, plan, w.order, device, stats, progress, allow_non_finite):
+            _write_tensor(w, name, spec, chunks, lam, sign, skip_zero, pool,
+                          lambda n=name: n in stats.non_finite_tensors, base)
+    return stats
+
+
+def merged_task_vector(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan, device: str = "cpu",
+                       progress: Callable | None = None, allow_non_finite: bool = False, names=None):
+    """The merged task vector as a dict {name: tensor} (compute dtype, CPU; float tensors that are merged), with
+    its stats: one model in memory, for a lambda search."""
+    import torch
+
+    open_and_check(base, models, plan)
+    stats = MergeStats(plan.method.name, len(models))
+    tau = {}
+    for name, spec, chunks in iter_merged(base, models, plan, base.keys() if names is None else names, device, stats,
+                                          progress, allow_non_finite):
+        if chunks is None:
+            continue
+        t = torch.zeros(spec.numel, dtype=compute_dtype(spec.dtype))
+        for a, b, _raw, _bd, merged in chunks:
+            if merged is not None:
+                t[a:b].copy_(merged)
+        tau[name] = t.view(tuple(spec.shape))
+    return tau, stats
+
+
+def merge_tensor(taus: Sequence, plan: Plan, name: str = "t"):
+    """Merge the task vectors of one tensor (a list form of the streamed merge, over a zero base: x - 0 == x);
+    returns (merged tau in the compute dtype, kept element count)."""
+    import torch
+
+    t0 = taus[0]
+    base = MemoryReader({name: torch.zeros_like(t0)})
+    tau, stats = merged_task_vector(base, [MemoryReader({name: t}) for t in taus], plan, device=str(t0.device.type))
+    return tau[name].to(t0.device), stats.per_tensor[name][1]
+
+
+def negate_into(b, tau, lam: float, name: str = "", tainted: bool = False, param: str | None = "lam", sign: int = -1):
+    """theta = theta_0 + sign * lambda * tau (sign -1: task negation, NegMerge Sec. 3; Ilharco et al. 2023) in
+    the compute dtype, cast back to the base's dtype on the CPU; a non-finite result raises."""
+    if tau is None:
+        return b
+    bd = b.to(device=tau.device, dtype=tau.dtype)
+    out = ((bd - lam * tau) if sign < 0 else (bd + lam * tau)).to(device="cpu", dtype=b.dtype)
+    check_output(out, name, lam, tainted, param, sign)
+    return out
+
+
+def apply_task_vector(base: CheckpointReader, tau: dict, lam: float, out_path, fmt: str = "same",
+                      record: dict | None = None, tainted: Sequence[str] = (), param: str | None = "lam",
+                      sign: int = -1, skip_zero: bool = False) -> None:
+    """Write theta_0 + sign * lam * tau tensor by tensor, atomically (tensors without a tau are the base's)."""
+    with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
+        for name in w.order:
+            b = base.get(name)
+            t = None if (skip_zero and lam == 0) else tau.get(name)
+            w.write(name, negate_into(b, t, lam, name, name in tainted, param, sign))
+
+
+def apply_to_state_dict(base_sd: dict, tau: dict, lam: float, param: str | None = None, sign: int = -1) -> dict:
+    """In memory: {name: theta_0 + sign * lam * tau} (tensors without a tau copied); a non-finite tensor raises."""
+    return {k: negate_into(v, tau.get(k), lam, k, param=param, sign=sign) for k, v in base_sd.items()}
+
+
+def merge_state_dicts(base_sd: dict, models: Sequence[dict], plan: Plan, lam: float = 1.0, sign: int = 1,
+                      device: str = "cpu") -> tuple[dict, MergeStats]:
+    """In memory: the merged state dict theta_0 + sign * lam * merge(...) (the same engine over MemoryReaders),
+    and the stats. Tensors the plan does not merge are the base's own objects."""
+    base = MemoryReader(base_sd)
+    tau, stats = merged_task_vector(base, [MemoryReader(m) for m in models], plan, device=device)
+    out = {}
+    for k, v in base_sd.items():
+        out[k] = v if (k not in tau or lam == 0) else negate_into(v, tau[k].to(device), lam, k, param="lam", sign=sign)
+    return out, stats

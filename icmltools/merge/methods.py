@@ -1,0 +1,312 @@
+"""The merge methods of the engine, one small class each (registered at import).
+
+General methods (mergekit's names and parameters: per-model ``weight`` and ``density``, global ``lam``):
+
+* ``task_arithmetic`` (Ilharco et al. 2023, Eq. 1): tau = sum_i w_i tau_i.
+* ``magnitude``: each tau_i keeps its int(d_i * numel) largest magnitudes per tensor, then the weighted sum.
+* ``dare`` (Yu et al. 2024, Eq. 1-2; mergekit ``dare_linear``): each element of tau_i dropped with probability
+  p_i = 1 - d_i, the kept ones rescaled by 1/(1 - p_i), then the weighted sum.
+* ``ties`` (Yadav et al. 2023, Algorithm 1): trim each tau_i to its top d_i by magnitude, elect the sign of the
+  (weighted) sum of the trimmed vectors ("mass"), disjoint mean: sum_i w_i tau'_i [agree] / sum_i w_i [agree].
+* ``dare_ties``: DARE's random drop instead of the trim, then TIES' election and disjoint mean.
+* ``breadcrumbs`` (Davari & Belilovsky 2024; mergekit ``magnitude_outliers``): drop the top gamma fraction
+  and the smallest magnitudes, keeping int(d_i * numel) per tensor, then the weighted sum.
+
+NegMerge's methods (Kim et al. 2025 and its baselines; :mod:`icmltools.negmerge` gives them its own names):
+``negmerge`` (sign-consensual mean), ``uniform`` (mean), ``magmax`` (largest magnitude per element),
+``task_vector`` (one model's task vector: negmerge's single-candidate ``task_arithmetic``).
+
+Top-k per tensor is exact with bounded memory (:class:`~icmltools.merge.engine.TopK`: the threshold from one
+model's |tau| at a time, then chunked masks; ties at the threshold broken by lower flattened index). An
+exact zero elected sign (the trimmed values cancel) keeps nothing, as the paper's sgn(0) = 0.
+"""
+from __future__ import annotations
+
+import math
+
+from .engine import MergeMethod, TensorState, TopK, register, top_count
+from .options import BREADCRUMBS_GAMMA, DENSITY
+
+TRIMS = ("exact", "keep_ties")
+
+
+def _sum_into(total, x, k: int) -> None:
+    """total = sum of the x received so far (k = 0 first)."""
+    if k == 0:
+        total.copy_(x)
+    else:
+        total.add_(x)
+
+
+def _count(t) -> int:
+    import torch
+
+    return int(torch.count_nonzero(t))
+
+
+# --------------------------------------------------------------------------------------------- general methods
+
+
+class Weighted(MergeMethod):
+    """sum_i w_i * sparsify_i(tau_i), with TIES' sign election and disjoint (weighted) mean when ``consensus``.
+
+    Subclasses set ``sparsify`` (:meth:`prune` of one model's chunk) and the class flags; ``normalize``
+    divides by the sum of the weights that contribute to each element (mergekit's ``normalize``)."""
+
+    reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023 (arXiv 2212.04089)"
+    options = {"normalize": False}
+    buffers = (("total", None),)
+    consensus = False
+    tracks = True
+
+    def validate(self, plan):
+        from icmltools.core.errors import BadInputError
+
+        if self.consensus and plan.options.get("trim", "exact") not in TRIMS:
+            raise BadInputError(f"trim must be one of {', '.join(TRIMS)}", param="options")
+
+    def prune(self, st: TensorState, tau, i: int, p: int):
+        """Model i's chunk after sparsification (may reuse `tau`)."""
+        return tau
+
+    def add(self, st, tau, i, k, p):
+        pruned = self.prune(st, tau, i, p)
+        if p == 0:
+            st.mark(i, pruned)
+        w = st.plan.weights[i]
+        if w != 1.0:
+            pruned = pruned.mul_(w) if pruned is tau else pruned * w
+        if p == 0:
+            _sum_into(st.total, pruned, k)
+        else:
+            self._agree(st, pruned, w, k)
+
+    def _agree(self, st, wp, w: float, k: int) -> None:
+        """Pass 1 of the consensus: accumulate the entries whose sign is the elected sign(sum) (Alg. 1 l. 6-7)."""
+        import torch
+
+        if k == 0:
+            torch.sign(st.total, out=st.sgn)
+            st.acc.zero_()
+            st.div.zero_()
+        agree = torch.eq(torch.sign(wp), st.sgn).logical_and_(wp != 0)
+        st.acc.add_(torch.where(agree, wp, torch.zeros((), dtype=wp.dtype, device=wp.device)))
+        a = agree.to(st.div.dtype)
+        st.div.add_(a if w == 1.0 else a * w)
+
+    def finish(self, st):
+        import torch
+
+        if not self.consensus:
+            return st.total, _count(st.total)
+        kept = _count(st.div)
+        if not st.plan.options["normalize"]:
+            return st.acc, kept
+        div = torch.where(st.div == 0, torch.ones((), dtype=st.div.dtype, device=st.div.device), st.div)
+        return st.acc.div_(div), kept
+
+
+class TaskArithmetic(Weighted):
+    """Task arithmetic (Ilharco et al. 2023): tau = sum_i w_i tau_i."""
+
+    name = "task_arithmetic"
+    witness = "total"
+    tracks = False
+
+
+class _Magnitude(Weighted):
+    """Top-d_i magnitudes of each model's tensor (exact count, ties by lower index; ``trim=keep_ties``: NegMerge's
+    TIES rule, max(1, ceil(d * numel)) with every tie at the threshold kept)."""
+
+    scans = True
+    uses_density = True
+    default_density = DENSITY
+
+    def _k(self, st, i):
+        d = st.plan.densities[i]
+        if st.plan.options.get("trim", "exact") == "keep_ties":
+            return max(1, int(math.ceil(d * st.numel)))
+        return top_count(d, st.numel)
+
+    def begin(self, st):
+        st.topk = {}
+
+    def scan(self, st, tau, i):
+        st.topk[i] = TopK(tau, self._k(st, i), keep_ties=st.plan.options.get("trim") == "keep_ties")
+
+    def prune(self, st, tau, i, p):
+        return tau.masked_fill_(st.topk[i].mask(tau, p).logical_not_(), 0)
+
+
+class Magnitude(_Magnitude):
+    """Magnitude pruning of each task vector (top d_i per tensor), then task arithmetic."""
+
+    name = "magnitude"
+    reference = "magnitude-pruned task arithmetic (Yadav et al. 2023, Sec. 3 'trim' alone)"
+
+
+class Ties(_Magnitude):
+    """TIES-merging (Yadav et al., NeurIPS 2023, arXiv 2306.01708, Algorithm 1): trim, elect sign, disjoint merge."""
+
+    name = "ties"
+    reference = "Yadav et al., TIES-Merging: Resolving Interference When Merging Models, NeurIPS 2023"
+    options = {"normalize": True, "trim": "exact"}
+    buffers = (("total", None), ("sgn", None), ("acc", None), ("div", None))
+    consensus = True
+    passes = 2
+
+
+class Dare(Weighted):
+    """DARE (Yu et al., ICML 2024, arXiv 2311.03099): drop with p_i = 1 - d_i, rescale by 1/(1 - p_i), sum."""
+
+    name = "dare"
+    reference = "Yu et al., Language Models are Super Mario (DARE), ICML 2024"
+    draws_dare = True
+    uses_density = True
+    default_density = DENSITY
+
+    def prune(self, st, tau, i, p):
+        return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p)
+
+
+class DareTies(Dare):
+    """DARE's drop-and-rescale, then TIES' sign election and disjoint mean (mergekit ``dare_ties``)."""
+
+    name = "dare_ties"
+    reference = "Yu et al., ICML 2024 (DARE) with Yadav et al., NeurIPS 2023 (TIES)"
+    options = {"normalize": True}
+    buffers = Ties.buffers
+    consensus = True
+    passes = 2
+
+
+class Breadcrumbs(_Magnitude):
+    """Model Breadcrumbs (Davari & Belilovsky, ECCV 2024, arXiv 2312.06795): per tensor, drop the top `gamma`
+    fraction of magnitudes and the smallest, keeping int(d_i * numel) (mergekit's count; when d + gamma > 1
+    fewer of the top are dropped), then the weighted sum."""
+
+    name = "breadcrumbs"
+    reference = "Davari & Belilovsky, Model Breadcrumbs, ECCV 2024"
+    options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA}
+
+    def validate(self, plan):
+        from icmltools.core.errors import BadInputError
+
+        if not 0.0 <= float(plan.options["gamma"]) < 1.0:
+            raise BadInputError(f"gamma must be in [0, 1), got {plan.options['gamma']}", param="options")
+
+    def scan(self, st, tau, i):
+        n = st.numel
+        target = top_count(st.plan.densities[i], n)
+        n_top = int(float(st.plan.options["gamma"]) * n)
+        n_bot = n - target - n_top
+        if n_bot < 0:
+            n_top, n_bot = n_top + n_bot, 0
+        st.topk[i] = (TopK(tau, n - n_bot), TopK(tau, n_top))
+
+    def prune(self, st, tau, i, p):
+        keep, top = st.topk[i]
+        m = keep.mask(tau, p).logical_and_(top.mask(tau, p).logical_not_())
+        return tau.masked_fill_(m.logical_not_(), 0)
+
+
+# --------------------------------------------------------------------------------------------- NegMerge's methods
+
+
+class NegMerge(MergeMethod):
+    """Sign-consensual merge (NegMerge Sec. 3): tau = where(|sum_i sign(tau_i)| == N, sum_i tau_i / N, 0).
+
+    Streamed as: all N share a strict sign  <=>  min_i tau_i > 0 or max_i tau_i < 0 (NaN never kept)."""
+
+    name = "negmerge"
+    reference = "Kim et al., ICML 2025 (arXiv 2410.05583), Sec. 3"
+    buffers = (("total", None), ("mn", None), ("mx", None), ("tb", "bool"))
+    witness = "total"
+    min_models = 2
+
+    def add(self, st, tau, i, k, p):
+        import torch
+
+        _sum_into(st.total, tau, k)
+        if k == 0:
+            st.mn.copy_(tau)
+            st.mx.copy_(tau)
+        else:
+            torch.minimum(st.mn, tau, out=st.mn)
+            torch.maximum(st.mx, tau, out=st.mx)
+
+    def finish(self, st):
+        import torch
+
+        mask = torch.gt(st.mn, 0, out=st.tb)
+        mask.logical_or_(st.mx < 0)
+        st.total.div_(st.n)
+        st.total.masked_fill_(mask.logical_not_(), 0)  # st.tb now holds the dropped elements
+        return st.total, int(st.tb.numel() - torch.count_nonzero(st.tb))
+
+
+class Uniform(MergeMethod):
+    """Mean of the task vectors: tau = sum_i tau_i / N."""
+
+    name = "uniform"
+    reference = "uniform task-vector mean (model soup of task vectors)"
+    buffers = (("total", None),)
+    witness = "total"
+    min_models = 2
+
+    def add(self, st, tau, i, k, p):
+        _sum_into(st.total, tau, k)
+
+    def finish(self, st):
+        st.total.div_(st.n)
+        return st.total, _count(st.total)
+
+
+class TaskVector(MergeMethod):
+    """One model's task vector, tau = tau_index (task negation with a single candidate)."""
+
+    name = "task_vector"
+    reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023"
+    options = {"index": 0}
+    buffers = (("total", None),)
+    witness = "total"
+
+    def validate(self, plan):
+        from icmltools.core.errors import BadInputError
+
+        if not 0 <= int(plan.options["index"]) < plan.n_models:
+            raise BadInputError(f"{plan.options['index']} is out of range for {plan.n_models} model(s)", param="index")
+
+    def wants(self, plan, i):
+        return i == plan.options["index"]
+
+    def add(self, st, tau, i, k, p):
+        st.total.copy_(tau)
+
+    def finish(self, st):
+        return st.total, _count(st.total)
+
+
+class MagMax(MergeMethod):
+    """MagMax (Marczak et al., ECCV 2024): per element, the task-vector entry of largest magnitude (the first
+    model wins ties)."""
+
+    name = "magmax"
+    reference = "Marczak et al., MagMax, ECCV 2024"
+    buffers = (("best", None),)
+    min_models = 2
+
+    def add(self, st, tau, i, k, p):
+        import torch
+
+        if k == 0:
+            st.best.copy_(tau)
+        else:
+            st.best.copy_(torch.where(tau.abs() > st.best.abs(), tau, st.best))
+
+    def finish(self, st):
+        return st.best, _count(st.best)
+
+
+for _cls in (TaskArithmetic, Magnitude, Dare, Ties, DareTies, Breadcrumbs, NegMerge, Uniform, TaskVector, MagMax):
+    register(_cls)

@@ -1,0 +1,11 @@
+"""Names and defaults of the merge engine (standard library only: commands import it for their choices)."""
+from __future__ import annotations
+
+# the engine's general methods (icmltools.merge.methods registers one class per name; a test checks they agree)
+METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs")
+# elements per chunk for methods that are local (element-wise rules, n:m blocks); 2^24 float32 = 64 MiB
+CHUNK_ELEMS = 1 << 24
+# breadcrumbs: fraction of the largest magnitudes dropped (mergekit's `gamma` of magnitude_outliers)
+BREADCRUMBS_GAMMA = 0.01
+# default density where a method prunes and none is given (mergekit has none: it requires one)
+DENSITY = 0.2

@@ -1,0 +1,338 @@
+"""The shared merge engine (issue 13): every method chunked == unchunked, lambda 0 is the base, the general
+methods equal straightforward loops typed from the papers' definitions, non-finite values named, nothing
+half-written, buffers independent of the number of models."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from icmltools.core.errors import BadInputError, RuntimeFailure
+from icmltools.core.seed import derive
+from icmltools.merge import engine as E
+from icmltools.merge import methods as MM
+from icmltools.merge import options
+from icmltools.taskvec import MemoryReader, open_checkpoint, write_state_dict
+
+ALL = sorted(E.REGISTRY)
+
+
+def _taus(n=4, shape=(37, 11), seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=g) * (1 + i)).to(dtype) for i in range(n)]
+
+
+def _models(n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    base = {"emb": torch.randn(50, 8, generator=g), "w": torch.randn(33, 17, generator=g).to(torch.bfloat16),
+            "b": torch.randn(13, generator=g).to(torch.float16), "steps": torch.tensor(7),
+            "d": torch.randn(9, 5, generator=g).double()}
+    models = [{k: (v + (0.1 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v + 1)
+               for k, v in base.items()} for _ in range(n)]
+    return base, models
+
+
+def _plan(name, n, **kw):
+    m = E.get_method(name)
+    if m.min_models > n:
+        n = m.min_models
+    return E.make_plan(name, n, **kw)
+
+
+# --------------------------------------------------------------------------------------------- registry, imports
+
+
+def test_registry_lists_every_method_with_a_reference():
+    assert set(options.METHODS) <= set(E.REGISTRY)
+    assert {"negmerge", "uniform", "magmax", "task_vector"} <= set(E.REGISTRY)
+    assert all(m.name == k and m.reference for k, m in E.REGISTRY.items())
+
+
+def test_options_and_package_import_light():
+    code = ("import sys, icmltools.merge, icmltools.merge.options; "
+            "print(any(m in sys.modules for m in ('torch', 'numpy', 'safetensors')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_unknown_method_option_and_counts_are_refused():
+    with pytest.raises(BadInputError, match="unknown merge method") as ei:
+        E.make_plan("nope", 2)
+    assert ei.value.param == "method"
+    with pytest.raises(BadInputError, match="no option 'gama'"):
+        E.make_plan("breadcrumbs", 2, options={"gama": 0.1})
+    with pytest.raises(BadInputError, match="3 values for 2 models"):
+        E.make_plan("ties", 2, densities=[0.1, 0.2, 0.3])
+    with pytest.raises(BadInputError, match=r"densities must be in \(0, 1\]"):
+        E.make_plan("dare", 2, densities=[0.0, 0.5])
+    with pytest.raises(BadInputError, match="at least 2 models"):
+        E.make_plan("negmerge", 1)
+
+
+# --------------------------------------------------------------------------------------------- chunked == unchunked
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("dare_p", [0.0, 0.3])
+def test_chunked_equals_unchunked_bitwise(name, dare_p):
+    base, models = _models(n=3)
+    kw = dict(densities=[0.3, 0.5, 0.2], weights=[1.0, 0.5, -0.7], seed=4, dare_p=dare_p)
+    if name in ("negmerge", "uniform", "magmax", "task_vector"):
+        kw.pop("weights")
+    if not E.get_method(name).uses_density:
+        kw.pop("densities")
+    if E.get_method(name).draws_dare and dare_p:
+        with pytest.raises(BadInputError, match="second DARE"):
+            E.make_plan(name, 3, **kw)
+        return
+    ref, s_ref = E.merged_task_vector(MemoryReader(base), [MemoryReader(m) for m in models],
+                                      E.make_plan(name, 3, chunk_elems=None, **kw))
+    for chunk in (7, 64, 100):
+        got, s = E.merged_task_vector(MemoryReader(base), [MemoryReader(m) for m in models],
+                                      E.make_plan(name, 3, chunk_elems=chunk, **kw))
+        for k in ref:
+            assert torch.equal(got[k], ref[k]), (name, chunk, k)
+        assert s.per_tensor == s_ref.per_tensor and s.model_kept == s_ref.model_kept and s.overlap == s_ref.overlap
+
+
+def test_chunked_file_merge_equals_unchunked_bytes(tmp_path):
+    base, models = _models(n=4)
+    write_state_dict(base, tmp_path / "base.safetensors")
+    for i, m in enumerate(models):
+        write_state_dict(m, tmp_path / f"m{i}.safetensors")
+    readers = [open_checkpoint(tmp_path / f"m{i}.safetensors") for i in range(4)]
+    b = open_checkpoint(tmp_path / "base.safetensors")
+    for name in ("ties", "dare_ties", "breadcrumbs", "task_arithmetic"):
+        outs = []
+        for chunk in (None, 5, 128):
+            p = tmp_path / f"{name}_{chunk}.safetensors"
+            E.merge_to_checkpoint(b, readers, E.make_plan(name, 4, densities=[0.4], chunk_elems=chunk, seed=2), 0.8, p)
+            outs.append({k: v for k, v in _load(p).items()})
+        for o in outs[1:]:
+            assert o.keys() == outs[0].keys() and all(torch.equal(o[k], outs[0][k]) for k in o), name
+
+
+def _load(p):
+    r = open_checkpoint(p)
+    return {k: r.get(k) for k in r.keys()}
+
+
+# --------------------------------------------------------------------------------------------- lambda 0, task arithmetic
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_lambda_zero_returns_the_base_bitwise(tmp_path, name):
+    base, models = _models(n=3)
+    base["w"].view(-1)[0] = -0.0
+    base["emb"].view(-1)[3] = -0.0
+    p = tmp_path / "zero.safetensors"
+    E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], _plan(name, 3), 0.0, p)
+    out = _load(p)
+    for k, v in base.items():
+        assert out[k].dtype == v.dtype
+        assert torch.equal(out[k].view(-1).view(torch.uint8) if v.is_floating_point() else out[k],
+                           v.reshape(-1).view(torch.uint8) if v.is_floating_point() else v), (name, k)
+
+
+def test_task_arithmetic_equals_a_straightforward_sum():
+    base, models = _models(n=3)
+    w = [0.5, -1.25, 2.0]
+    out, _ = E.merge_state_dicts(base, models, E.make_plan("task_arithmetic", 3, weights=w), lam=0.7)
+    for k, v in base.items():
+        if not v.is_floating_point():
+            assert torch.equal(out[k], v)
+            continue
+        cd = torch.float64 if v.dtype == torch.float64 else torch.float32
+        acc = None
+        for wi, m in zip(w, models):
+            t = (m[k].to(cd) - v.to(cd)) * wi
+            acc = t if acc is None else acc + t
+        assert torch.equal(out[k], (v.to(cd) + 0.7 * acc).to(v.dtype)), k
+
+
+def test_zero_weight_model_is_not_read():
+    base, models = _models(n=2)
+    models[1]["emb"] = models[1]["emb"] * float("nan")  # never read: its weight is 0
+    out, _ = E.merge_state_dicts(base, models, E.make_plan("task_arithmetic", 2, weights=[1.0, 0.0]))
+    ref, _ = E.merge_state_dicts(base, models[:1], E.make_plan("task_arithmetic", 1))
+    assert all(torch.equal(out[k], ref[k]) for k in base)
+
+
+# --------------------------------------------------------------------------------------------- papers' definitions
+
+
+def _topk_ref(t, k):
+    """Keep the k largest |x|, ties broken by lower flattened index: a plain sort over (-|x|, index)."""
+    flat = t.reshape(-1).tolist()
+    order = sorted(range(len(flat)), key=lambda j: (-abs(flat[j]), j))
+    keep = torch.zeros(len(flat), dtype=torch.bool)
+    keep[order[:k]] = True
+    return keep.view(t.shape)
+
+
+def _ties_ref(taus, dens, w, masks=None):
+    """TIES Algorithm 1 (Yadav et al. 2023): trim, elect sgn(sum) by mass, disjoint (weighted) mean."""
+    kept = []
+    for i, t in enumerate(taus):
+        m = masks[i] if masks is not None else _topk_ref(t, int(dens[i] * t.numel()))
+        kept.append(torch.where(m, t, torch.zeros(())) * w[i])
+    total = kept[0].clone()
+    for t in kept[1:]:
+        total = total + t
+    sgn = torch.sign(total)
+    acc, div = torch.zeros_like(total), torch.zeros_like(total)
+    for i, t in enumerate(kept):
+        agree = (torch.sign(t) == sgn) & (t != 0)
+        acc = acc + torch.where(agree, t, torch.zeros(()))
+        div = div + agree.float() * w[i]
+    return acc / torch.where(div == 0, torch.ones(()), div)
+
+
+def _dare_masks(taus, dens, seed, name):
+    return [torch.rand(t.shape, generator=derive(seed, "dare", name, i).torch()) >= (1.0 - d)
+            for i, (t, d) in enumerate(zip(taus, dens))]
+
+
+def _dare_ref(taus, dens, seed, name):
+    return [torch.where(m, t / (1.0 - (1.0 - d)), torch.zeros(()))
+            for t, d, m in zip(taus, dens, _dare_masks(taus, dens, seed, name))]
+
+
+def _sum_ref(parts, w):
+    acc = None
+    for p, wi in zip(parts, w):
+        t = p * wi
+        acc = t if acc is None else acc + t
+    return acc
+
+
+@pytest.mark.parametrize("chunk", [None, 50])
+def test_general_methods_equal_the_papers_loops(chunk):
+    taus = _taus(n=4)
+    dens, w = [0.3, 0.2, 0.5, 0.25], [1.0, 0.5, 1.5, 0.8]
+    n = taus[0].numel()
+
+    def run(name, **kw):
+        return E.merge_tensor(taus, E.make_plan(name, 4, densities=dens, weights=w, chunk_elems=chunk, seed=9, **kw),
+                              name="layer")[0]
+
+    mag = [torch.where(_topk_ref(t, int(d * n)), t, torch.zeros(())) for t, d in zip(taus, dens)]
+    assert torch.equal(run("magnitude"), _sum_ref(mag, w))
+    assert torch.equal(run("ties"), _ties_ref(taus, dens, w))
+    assert torch.equal(run("dare"), _sum_ref(_dare_ref(taus, dens, 9, "layer"), w))
+    assert torch.equal(run("dare_ties"), _ties_ref(_dare_ref(taus, dens, 9, "layer"), dens, w,
+                                                   masks=[torch.ones(t.shape, dtype=torch.bool) for t in taus]))
+    crumbs = []
+    for t, d in zip(taus, dens):  # Breadcrumbs: drop the top gamma and the bottom, keep int(d * n)
+        n_top = int(0.05 * n)
+        n_bot = n - int(d * n) - n_top
+        keep = _topk_ref(t, n - n_bot) & ~_topk_ref(t, n_top)
+        crumbs.append(torch.where(keep, t, torch.zeros(())))
+    assert torch.equal(run("breadcrumbs", options={"gamma": 0.05}), _sum_ref(crumbs, w))
+
+
+def test_topk_breaks_ties_by_lower_index_in_every_chunking():
+    t = torch.tensor([1.0, -3.0, 3.0, 2.0, 3.0, -3.0, 0.5, 3.0])
+    tk = E.TopK(t, 3)
+    assert tk.mask(t).tolist() == [False, True, True, False, True, False, False, False]
+    tk = E.TopK(t, 3)
+    parts = [tk.mask(t[a:a + 3]) for a in range(0, 8, 3)]
+    assert torch.cat(parts).tolist() == [False, True, True, False, True, False, False, False]
+    assert E.TopK(t, 3, keep_ties=True).mask(t).sum() == 5  # NegMerge's rule keeps every tie
+
+
+def test_ties_kept_count_and_overlap_matrix():
+    taus = _taus(n=3, shape=(64,))
+    base = MemoryReader({"w": torch.zeros(64)})
+    tau, stats = E.merged_task_vector(base, [MemoryReader({"w": t}) for t in taus],
+                                      E.make_plan("magnitude", 3, densities=[0.25, 0.5, 0.125]))
+    masks = [_topk_ref(t, k) for t, k in zip(taus, (16, 32, 8))]
+    assert stats.model_kept["w"] == [16, 32, 8]
+    expect = [[int((masks[i] & masks[j]).sum()) for j in range(3)] for i in range(3)]
+    assert stats.overlap == expect
+    doc = stats.summary(extended=True)
+    assert doc["overlap"]["max_pairwise"] == max(expect[i][j] for i in range(3) for j in range(3) if i != j)
+    assert [m["kept"] for m in doc["models"]] == [16, 32, 8]
+
+
+def test_filters_copy_excluded_tensors_from_the_base():
+    base, models = _models(n=2)
+    plan = E.make_plan("task_arithmetic", 2, exclude=("emb",), include=("*",))
+    out, stats = E.merge_state_dicts(base, models, plan)
+    assert out["emb"] is base["emb"] and stats.excluded == ["emb"]
+    assert not torch.equal(out["w"], base["w"])
+    only, stats = E.merge_state_dicts(base, models, E.make_plan("task_arithmetic", 2, include=("w",)))
+    assert sorted(stats.excluded) == ["b", "d", "emb"]
+
+
+# --------------------------------------------------------------------------------------------- failures
+
+
+def test_non_finite_task_vector_names_tensor_and_model(tmp_path):
+    base, models = _models(n=3)
+    models[1]["w"].view(-1)[5] = float("nan")
+    bs, ms = MemoryReader(base, name="base"), [MemoryReader(m, name=f"model{i}") for i, m in enumerate(models)]
+    for name in ("task_arithmetic", "ties", "dare", "magmax"):
+        with pytest.raises(BadInputError, match="^allow_non_finite: model1: tensor 'w' holds 1 NaN/inf"):
+            E.merge_to_checkpoint(bs, ms, E.make_plan(name, 3, chunk_elems=64), 1.0, tmp_path / "o.safetensors")
+    assert list(tmp_path.iterdir()) == []
+    big = {"w": torch.full((4,), -3e38)}
+    with pytest.raises(RuntimeFailure, match="m0: tensor 'w': the task vector .* overflows"):
+        E.merged_task_vector(MemoryReader(big), [MemoryReader({"w": torch.full((4,), 3e38)}, name="m0")],
+                             E.make_plan("ties", 1))
+
+
+def test_failure_mid_merge_leaves_nothing(tmp_path):
+    class Boom(MM.TaskArithmetic):
+        name = "boom"
+
+        def begin(self, st):
+            if st.name == "w":
+                raise RuntimeError("boom")
+
+    base, models = _models(n=2)
+    write_state_dict(base, tmp_path / "hf", fmt="hf_safetensors", shards=[["emb", "b"], ["steps", "w", "d"]])
+    out = tmp_path / "out"
+    for target, fmt in ((out / "merged.safetensors", "safetensors"), (out / "merged", "hf_safetensors"),
+                        (out / "merged.pt", "torch")):
+        with pytest.raises(RuntimeError, match="boom"):
+            E.merge_to_checkpoint(open_checkpoint(tmp_path / "hf"), [MemoryReader(m) for m in models],
+                                  E.make_plan(Boom(), 2), 1.0, target, fmt=fmt)
+        assert not out.exists() or list(out.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------- memory
+
+
+def test_buffers_do_not_grow_with_the_number_of_models(monkeypatch):
+    """The pools' bytes (every buffer the engine keeps) are the same for 2 and 8 models; the largest chunk
+    bounds them."""
+    made = []
+    orig = E.BufferPool.__init__
+
+    def spy(self, device="cpu"):
+        orig(self, device)
+        made.append(self)
+
+    monkeypatch.setattr(E.BufferPool, "__init__", spy)
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(4000, generator=g), "v": torch.randn(300, generator=g)}
+    sizes = {}
+    for name in ("ties", "negmerge", "dare_ties", "breadcrumbs"):
+        for n in (2, 8):
+            made.clear()
+            models = [{k: v + torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(n)]
+            E.merge_state_dicts(base, models, E.make_plan(name, n, chunk_elems=1000))
+            sizes[(name, n)] = sum(p.nbytes for p in made)
+        assert sizes[(name, 2)] == sizes[(name, 8)], (name, sizes)
+        assert sizes[(name, 2)] <= 12 * 4000 * 4  # a few copies of the largest tensor
+
+
+def test_negmerge_registry_is_the_engine_classes():
+    from icmltools.negmerge import merge as NM
+
+    assert type(NM.REGISTRY["ties"]) is MM.Ties and NM.REGISTRY["ties"].options["trim"] == "keep_ties"
+    assert type(NM.REGISTRY["task_arithmetic"]) is MM.TaskVector
+    assert type(NM.REGISTRY["negmerge"]) is MM.NegMerge
