@@ -66,6 +66,7 @@ def test_unknown_option_is_a_usage_error(path, in_tmp, check_bad_input):
 
 OUT_INTO_A_FILE = {  # a command that makes a run folder, pointed under a regular file
     "negmerge": ["--preset", "tiny", "--methods", "negmerge"],
+    "cabs-merge": ["--n-seeds", "1", "--methods", "cabs"],
     "fope-train": ["--steps", "2", "--d-model", "16", "--n-heads", "2", "--n-layers", "1", "--batch-size", "2",
                    "--train-length", "16", "--eval-factors", "1", "--eval-samples", "2"],
 }
