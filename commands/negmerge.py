@@ -5,7 +5,7 @@ import click
 
 from icmltools.negmerge import options
 
-from . import common
+from . import common, merge_options
 
 EPILOG = """Examples:
 
@@ -27,11 +27,10 @@ DC = options.DemoConfig
 
 
 @common.command("negmerge", epilog=EPILOG, param_flags=PARAM_FLAGS)
-@click.option("--base", type=click.Path(exists=False), default=None,
-              help="Original (pre-unlearning) checkpoint: .safetensors, .pt/.pth/.bin, or a Hugging Face folder. "
-                   "Without it the embedded demo runs.")
-@click.option("-c", "--candidate", "candidates", multiple=True, type=click.Path(exists=False),
-              help="A model fine-tuned on the forget set (repeat; >= 2 for merges).")
+@merge_options.file_options(models="candidates", models_flags=("-c", "--candidate"),
+                            models_help="A model fine-tuned on the forget set (repeat; >= 2 for merges).",
+                            base_help="Original (pre-unlearning) checkpoint: .safetensors, .pt/.pth/.bin, or a Hugging "
+                                      "Face folder. Without it the embedded demo runs.")
 @click.option("--method", type=click.Choice(options.METHODS), default=MC.method,
               help="How the task vectors are merged (file mode).")
 @click.option("--ta-index", type=click.IntRange(min=0), default=MC.index,
@@ -56,8 +55,6 @@ DC = options.DemoConfig
               help="TIES: fraction of each task vector kept (top-k by magnitude).")
 @click.option("--dare", "dare_p", type=click.FloatRange(0, 1, max_open=True), default=MC.dare_p,
               help="DARE drop probability applied to each task vector before merging (0 = off).")
-@click.option("--format", "out_format", type=click.Choice(options.FORMATS), default="same",
-              help="Output checkpoint format; 'same' keeps the base's.")
 @click.option("--per-tensor", is_flag=True, help="Report the kept fraction of every tensor.")
 @click.option("--allow-non-finite", is_flag=True,
               help="Merge checkpoints holding NaN/inf (refused by default, naming the file and tensor); each is "
@@ -84,8 +81,8 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
     Task vectors tau_i = theta_i - theta_pre of N models fine-tuned on the forget set are merged
     keeping only elements whose sign all N share (mean of those, zero elsewhere); the unlearned
     model is theta_pre - lambda * tau, with lambda the lowest-forget-accuracy point whose retain
-    accuracy stays >= 0.95 x the original's. Merges stream tensor by tensor, so memory stays near one
-    model plus one tensor per candidate.
+    accuracy stays >= 0.95 x the original's. Merges stream tensor by tensor on the shared merge
+    engine, so memory stays near a few copies of the largest tensor whatever the number of candidates.
 
     Without --base, runs the embedded demo (generated task, memorising MLP, retrain gold standard,
     27 candidates) and reports forget/retain/test accuracy, MIA-efficacy and Avg.Gap to retrain for

@@ -336,3 +336,42 @@ def test_negmerge_registry_is_the_engine_classes():
     assert type(NM.REGISTRY["ties"]) is MM.Ties and NM.REGISTRY["ties"].options["trim"] == "keep_ties"
     assert type(NM.REGISTRY["task_arithmetic"]) is MM.TaskVector
     assert type(NM.REGISTRY["negmerge"]) is MM.NegMerge
+
+
+# --------------------------------------------------------------------------------------------- output dtype, CLI options
+
+
+def test_output_dtype_casts_float_tensors_once(tmp_path):
+    base, models = _models(n=2)
+    p = tmp_path / "o.safetensors"
+    E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], E.make_plan("task_arithmetic", 2),
+                          1.0, p, out_dtype="bfloat16")
+    same = tmp_path / "s.safetensors"
+    E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], E.make_plan("task_arithmetic", 2),
+                          1.0, same)
+    got, ref = _load(p), _load(same)
+    assert got["steps"].dtype == torch.int64 and torch.equal(got["steps"], base["steps"])
+    assert got["emb"].dtype == torch.bfloat16 and torch.equal(got["emb"], ref["emb"].to(torch.bfloat16))
+    with pytest.raises(BadInputError, match="unknown output dtype"):
+        E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models],
+                              E.make_plan("task_arithmetic", 2), 1.0, tmp_path / "x.safetensors", out_dtype="int8")
+
+
+def test_shared_file_options_keep_per_model_repeats():
+    import click
+    from click.testing import CliRunner
+
+    from icmltools.commands import merge_options
+
+    @click.command()
+    @merge_options.file_options(weights=True, densities=True, filters=True, out_dtype=True, chunk=True)
+    def cmd(**kw):
+        click.echo(repr(sorted(kw.items())))
+
+    res = CliRunner().invoke(cmd, ["--base", "b", "-m", "x", "-m", "y", "--weight", "0.5,0.5,1", "--density", "0.2",
+                                   "--exclude", "lm_head.*", "--dtype", "bfloat16"])
+    assert res.exit_code == 0, res.output
+    assert "('weights', (0.5, 0.5, 1.0))" in res.output and "('models', ('x', 'y'))" in res.output
+    assert "('exclude', ('lm_head.*',))" in res.output and "('out_dtype', 'bfloat16')" in res.output
+    bad = CliRunner().invoke(cmd, ["--density", "0,0.5"])
+    assert bad.exit_code == 2 and "not a finite positive number" in bad.output

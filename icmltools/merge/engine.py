@@ -32,6 +32,7 @@ from icmltools.taskvec import (
     CheckpointReader,
     CheckpointWriter,
     MemoryReader,
+    TensorSpec,
     all_finite,
     check_compatible,
     count_non_finite,
@@ -719,7 +720,7 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
     if chunks is None:
         w.write(name, base.get(name))
         return
-    out = pool.get("out", (spec.numel,), spec.dtype)
+    out = pool.get("out", (spec.numel,), base.specs[name].dtype)  # the output's dtype (`base` may be retyped)
     for a, b, raw_b, bd, merged in chunks:
         if merged is None or (skip_zero and lam == 0):
             out[a:b].copy_(raw_b)
@@ -730,20 +731,50 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
     w.write(name, out.view(tuple(spec.shape)))
 
 
+class RetypedReader(CheckpointReader):
+    """`inner` with its floating-point tensors seen in `dtype` (an output dtype other than the base's)."""
+
+    def __init__(self, inner: CheckpointReader, dtype):
+        super().__init__(inner.path)
+        self.format, self.shards, self.file_metadata = inner.format, inner.shards, inner.file_metadata
+        self.index_metadata = getattr(inner, "index_metadata", {})
+        self.inner = inner
+        self.specs = {k: TensorSpec(k, dtype if is_float_dtype(s.dtype) else s.dtype, s.shape)
+                      for k, s in inner.specs.items()}
+
+    def get(self, name):
+        return self.inner.get(name).to(self.specs[name].dtype)
+
+
+def output_dtype(name: str | None):
+    """The torch dtype of an output dtype name; None for "same"/None (each tensor keeps its own)."""
+    import torch
+
+    if name in (None, "same"):
+        return None
+    dt = getattr(torch, str(name), None)
+    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
+        raise BadInputError(f"unknown output dtype {name!r}; use same, float32, float16 or bfloat16", param="out_dtype")
+    return dt
+
+
 def merge_to_checkpoint(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan, lam: float, out_path,
                         *, fmt: str = "same", device: str = "cpu", record: dict | None = None, sign: int = 1,
                         skip_zero: bool = True, progress: Callable | None = None, allow_non_finite: bool = False,
-                        stats: MergeStats | None = None) -> MergeStats:
+                        stats: MergeStats | None = None, out_dtype: str | None = None) -> MergeStats:
     """Stream theta = theta_0 + sign * lam * merge(tau_1..tau_N) into `out_path` (atomic; the base's format
-    unless `fmt`; each tensor keeps its dtype). With `skip_zero` a lambda of 0 (or a method leaving a chunk
-    unchanged) writes the base's bytes (so -0.0 survives). A failure leaves nothing at `out_path`."""
+    unless `fmt`; each tensor keeps its dtype unless `out_dtype` names one for the floating tensors). With
+    `skip_zero` a lambda of 0 (or a method leaving a chunk unchanged) writes the base's values (so -0.0
+    survives). A failure leaves nothing at `out_path`."""
     open_and_check(base, models, plan)
     stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
     pool = BufferPool("cpu")
-    with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
+    dt = output_dtype(out_dtype)
+    target = base if dt is None else RetypedReader(base, dt)
+    with CheckpointWriter(target, out_path, fmt=fmt, record=record) as w:
         for name, spec, chunks in iter_merged(base, models, plan, w.order, device, stats, progress, allow_non_finite):
             _write_tensor(w, name, spec, chunks, lam, sign, skip_zero, pool,
-                          lambda n=name: n in stats.non_finite_tensors, base)
+                          lambda n=name: n in stats.non_finite_tensors, target)
     return stats
 
 
