@@ -52,6 +52,9 @@ DC = options.DemoConfig
               help="Output checkpoint format; 'same' keeps the base's.")
 @click.option("--chunk-elems", type=click.IntRange(min=1), default=options.DEFAULT_CHUNK_ELEMS,
               help="Elements per chunk for the n:m methods (rounded down to a multiple of every m: exact).")
+@click.option("--allow-non-finite", is_flag=True,
+              help="Merge checkpoints holding NaN/inf (refused by default, naming the file and tensor); each is listed "
+                   "in the result, and a non-finite output is still refused.")
 @click.option("--methods", type=common.CommaList(options.DEMO_METHODS, allow_all=True), default=",".join(DC.methods),
               help="Demo: the merges compared.")
 @click.option("--n-seeds", type=click.IntRange(min=1), default=options.DEMO_N_SEEDS,
@@ -60,7 +63,7 @@ DC = options.DemoConfig
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
 def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, tail, exclude, out_format, chunk_elems,
-        methods, n_seeds, seed, device, threads, quiet, verbose, out):
+        allow_non_finite, methods, n_seeds, seed, device, threads, quiet, verbose, out):
     """Merge fine-tuned models with CABS (Yang et al., ICML 2025) or a baseline, on the shared merge engine.
 
     Each task vector tau_k = theta_k - theta_0 keeps the n largest magnitudes of every block of m
@@ -78,10 +81,11 @@ def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, tail
         else:
             _files(run, base, models, config, dict(method=method, nm=nm, nm_for=nm_for, lam=lam, tail=tail,
                                                    out_format=out_format, chunk_elems=chunk_elems,
-                                                   exclude=exclude, seed=seed), out)
+                                                   exclude=exclude, seed=seed), out, allow_non_finite)
 
 
-FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "exclude", "out_format", "chunk_elems")
+FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "exclude", "out_format", "chunk_elems",
+             "allow_non_finite")
 DEMO_ONLY = ("methods", "n_seeds")
 NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam")
 
@@ -128,7 +132,7 @@ def _demo(run, methods, nm, tail, n_seeds: int, out) -> None:
     run.table(f"CABS demo: mean test accuracy over {n_seeds} seed(s), n:m {cfg.nm}", cols, rows)
 
 
-def _files(run, base, models, config, opts: dict, out) -> None:
+def _files(run, base, models, config, opts: dict, out, allow_non_finite: bool) -> None:
     from icmltools.cabs import api
 
     with run.timer.phase("open"):
@@ -141,5 +145,5 @@ def _files(run, base, models, config, opts: dict, out) -> None:
         run.log(f"warning: {w}")
     d = run.make_dir(out, config=job.config())
     with run.progress() as cb, run.timer.phase("merge"):
-        run.result = api.merge_files(job, d, device=run.device, progress=cb)
+        run.result = api.merge_files(job, d, device=run.device, progress=cb, allow_non_finite=allow_non_finite)
     run.artifacts["merged"] = run.result["output"]

@@ -214,3 +214,277 @@ def test_nm_settings():
             P.parse_nm(bad)
     with pytest.raises(BadInputError):
         P.resolve_nms(2, "4:32", ["2=4:32"])
+
+
+# ------------------------------------------------------------------ the engine's method classes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("method", ["cabs", "bs", "ca_magnitude"])
+@pytest.mark.parametrize("chunk", [None, 1024])
+def test_engine_classes_equal_the_kernels(dtype, method, chunk):
+    from icmltools.cabs import api
+    from icmltools.merge import engine as E
+
+    base, models = _models(4, (97, 53), dtype, seed=5)
+    nms = [(4, 32), (3, 16), (4, 32), (1, 8)]
+    lams = [1.0, 0.5, 0.0, 1.2]   # a zero lambda keeps its place in the order
+    plan = api.engine_plan(method, 4, nms, weights=lams, chunk_elems=chunk)
+    out, stats = E.merge_state_dicts({"w": base}, [{"w": m} for m in models], plan, lam=1.0, sign=1)
+    ref, masks = P.merge_tensor(method, base, models, nms, lams)
+    assert torch.equal(out["w"].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                       ref.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+    s = stats.summary(extended=True)
+    taus = P.task_vectors(base, models)
+    want = S.overlap_of([P.prune(t, m) for t, m in zip(taus, masks)])
+    assert s["overlap"]["counts"] == want["counts"]
+    if method != "bs":
+        assert s["overlap"]["max_pairwise"] == 0
+
+
+@pytest.mark.parametrize("method", ["cabs", "ca_magnitude"])
+def test_engine_all_zero_lambdas_return_base_bytes(method, tmp_path):
+    from icmltools.cabs import api
+    from icmltools.merge import engine as E
+    from icmltools.taskvec import MemoryReader, open_checkpoint
+
+    base, models = _models(2, (16, 64), torch.bfloat16)
+    base.view(-1)[:3] = -0.0
+    plan = api.engine_plan(method, 2, [(4, 32)] * 2, weights=[0.0, 0.0])
+    E.merge_to_checkpoint(MemoryReader({"w": base}), [MemoryReader({"w": m}) for m in models], plan, 1.0,
+                          tmp_path / "o.safetensors", sign=1)
+    out = open_checkpoint(tmp_path / "o.safetensors").get("w")
+    assert torch.equal(out.view(torch.int16), base.view(torch.int16))
+
+
+# ------------------------------------------------------------------ the command: files and configs
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """base + 3 models (safetensors, torch, HF sharded folder) with a float32, a bfloat16, an int tensor."""
+    from icmltools.taskvec import write_state_dict
+
+    d = tmp_path_factory.mktemp("cabs_ckpts")
+    g = _g(9)
+    base = {"a.weight": torch.randn(64, 96, generator=g), "a.bias": torch.randn(70, generator=g),
+            "h.weight": torch.randn(33, 65, generator=g).to(torch.bfloat16), "steps": torch.tensor([3])}
+    models = [{k: (v.float() + 0.1 * torch.randn(v.shape, generator=g)).to(v.dtype) if v.is_floating_point() else v
+               for k, v in base.items()} for _ in range(3)]
+    for name, sd in [("base", base)] + [(f"m{i}", m) for i, m in enumerate(models)]:
+        write_state_dict(sd, d / f"{name}.safetensors")
+        write_state_dict(sd, d / f"{name}.pt", fmt="torch")
+        write_state_dict(sd, d / f"{name}_hf", fmt="hf_safetensors", shards=[["a.weight"], ["a.bias", "h.weight", "steps"]])
+    bad = dict(base, **{"a.weight": torch.randn(64, 95, generator=g)})
+    write_state_dict(bad, d / "shape.safetensors")
+    nan = {k: v.clone() for k, v in models[1].items()}
+    nan["a.bias"][5] = float("inf")
+    write_state_dict(nan, d / "nan.safetensors")
+    class _Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"a.weight": _Evil()}, d / "evil.pt")
+    (d / "unknown.yml").write_text("merge_method: slerp\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n")
+    (d / "field.yml").write_text("merge_method: ties\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n"
+                                 "tokenizer_source: union\n")
+    (d / "param.yml").write_text("merge_method: cabs\nbase_model: base.safetensors\n"
+                                 "models: [{model: m0.safetensors, parameters: {density: 0.5}}]\n")
+    return d, base, models
+
+
+def _cli(args, tmp_path, monkeypatch, ckpt_dir):
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    if not (tmp_path / "in").exists():
+        (tmp_path / "in").symlink_to(ckpt_dir)
+    return CliRunner().invoke(cli, ["cabs-merge", "-q", "--threads", "1", *args])
+
+
+def _load(path):
+    from icmltools.taskvec import open_checkpoint
+
+    r = open_checkpoint(path)
+    return {k: r.get(k) for k in r.keys()}
+
+
+@pytest.mark.parametrize("fmt,suffix", [("safetensors", ".safetensors"), ("torch", ".pt"), ("hf", "_hf")])
+def test_cli_file_merge_matches_kernels(fmt, suffix, ckpts, tmp_path, monkeypatch):
+    import json
+
+    d, base, models = ckpts
+    ms = ",".join(f"in/m{i}{suffix}" for i in (2, 0, 1))   # the order given is the pruning order
+    res = _cli(["--base", f"in/base{suffix}", "--models", ms, "--nm", "8:32", "--nm-for", "1=4:16",
+                "--lam", "0.6,0.4,0.5", "--chunk-elems", "1000", "--out", "run"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    out = _load(r["output"])
+    order = [models[2], models[0], models[1]]
+    for k, v in base.items():
+        if v.is_floating_point():
+            ref, _ = P.merge_tensor("cabs", v, [m[k] for m in order], [(8, 32), (4, 16), (8, 32)], [0.6, 0.4, 0.5])
+            assert torch.equal(out[k], ref) and out[k].dtype == v.dtype, k
+        else:
+            assert torch.equal(out[k], v)
+    assert r["overlap"]["max_pairwise"] == 0 and r["skipped_non_float"] == ["steps"]
+    assert [m["n"] for m in r["models"]] == [8, 4, 8] and r["order"][0].endswith(f"m2{suffix}")
+    assert r["output_format"] == {"hf": "hf_safetensors"}.get(fmt, fmt)
+    assert all(t["min"] <= t["max"] for t in r["tensor_density"])
+
+
+def test_cli_config_equals_flags(ckpts, tmp_path, monkeypatch):
+    import json
+
+    d, _, _ = ckpts
+    (tmp_path / "mk.yml").write_text(
+        "models:\n  - model: in/m0.safetensors\n    parameters: {weight: 0.6, n_m_ratio: [8, 32]}\n"
+        "  - model: in/m1.safetensors\n    parameters: {weight: 0.4, n_m_ratio: [4, 32]}\n"
+        "merge_method: cabs\nbase_model: in/base.safetensors\n"
+        "parameters: {pruning_order: [in/m1.safetensors, in/m0.safetensors]}\ndtype: float32\n")
+    res = _cli(["--config", "mk.yml", "--out", "a"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    a = json.loads(res.stdout)["result"]
+    res = _cli(["--base", "in/base.safetensors", "-m", "in/m1.safetensors", "-m", "in/m0.safetensors",
+                "--nm", "4:32", "--nm-for", "1=8:32", "--lam", "0.4,0.6", "--out", "b"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    b = json.loads(res.stdout)["result"]
+    assert a["warnings"] and "dtype" in a["warnings"][0]
+    fa, fb = _load(a["output"]), _load(b["output"])
+    assert all(torch.equal(fa[k], fb[k]) for k in fa)
+
+
+def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
+    import json
+
+    d, _, _ = ckpts
+    (tmp_path / "t.yml").write_text(
+        "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
+        "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
+        "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n")
+    res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    assert r["method"] == "ties" and [m["density"] for m in r["models"]] == [0.5, 0.5]
+    assert r["overlap"]["max_pairwise"] > 0
+
+
+B = ["--base", "in/base.safetensors"]
+M2 = ["--models", "in/m0.safetensors,in/m1.safetensors"]
+BAD_INPUTS = [
+    pytest.param([*B, "--models", "in/m0.safetensors,in/missing.safetensors", "--out", "r"], 2, "no such file",
+                 id="missing model"),
+    pytest.param(["--base", "in/nope.safetensors", *M2, "--out", "r"], 2, "no such file", id="missing base"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/shape.safetensors", "--out", "r"], 2,
+                 "tensor 'a.weight' has shape [64, 95]", id="shape mismatch"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/nan.safetensors", "--out", "r"], 2,
+                 "nan.safetensors: tensor 'a.bias' holds 1 NaN/inf", id="non-finite task vector"),
+    pytest.param([*B, *M2, "--nm", "33:32", "--out", "r"], 2, "--nm: '33:32': n:m needs 1 <= n <= m", id="n > m"),
+    pytest.param([*B, *M2, "--nm", "0:32", "--out", "r"], 2, "--nm: '0:32'", id="n < 1"),
+    pytest.param([*B, *M2, "--nm", "4-32", "--out", "r"], 2, "--nm: expected N:M", id="nm syntax"),
+    pytest.param([*B, *M2, "--nm-for", "2=4:32", "--out", "r"], 2, "--nm-for: '2=4:32'", id="nm-for index"),
+    pytest.param([*B, *M2, "--lam", "1,2,3", "--out", "r"], 2, "--lam: 3 lambdas for 2 models", id="lam count"),
+    pytest.param([*B, *M2, "--lam", "nan", "--out", "r"], 2, "finite", id="lam nan"),
+    pytest.param([*B, *M2, "--lam", "1e39", "--out", "r"], 1, "not finite", id="lam overflows"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/base.safetensors", "--out", "r"], 2, "is the base itself",
+                 id="base as model"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/m0.safetensors", "--out", "r"], 2, "given twice",
+                 id="model twice"),
+    pytest.param(["--base", "in/base.pt", "--models", "in/m0.pt,in/evil.pt", "--out", "r"], 2, "evil.pt: refused to load",
+                 id="unsafe pickle"),
+    pytest.param(["--config", "in/unknown.yml", "--out", "r"], 2, "merge_method 'slerp' is not supported",
+                 id="config unknown method"),
+    pytest.param(["--config", "in/field.yml", "--out", "r"], 2, "tokenizer_source not supported", id="config field"),
+    pytest.param(["--config", "in/param.yml", "--out", "r"], 2, "models[0].parameters: density not supported",
+                 id="config parameter"),
+    pytest.param(["--config", "in/missing.yml"], 2, "no such file", id="config missing"),
+    pytest.param(["--config", "in/unknown.yml", "--lam", "1"], 2, "--lam does not go with --config", id="config+lam"),
+    pytest.param([*M2], 2, "--models applies to merges of your checkpoints only", id="models without base"),
+    pytest.param([*B], 2, "give the fine-tuned checkpoints", id="base without models"),
+    pytest.param([*B, *M2, "--n-seeds", "2"], 2, "--n-seeds applies to the embedded demo only", id="demo option"),
+    pytest.param([*B, *M2, "-m", "in/m2.safetensors"], 2, "not both", id="models and model"),
+    pytest.param(["--nm", "5:4"], 2, "--nm: '5:4'", id="demo n > m"),
+]
+
+
+@pytest.mark.parametrize("argv,code,msg", BAD_INPUTS)
+def test_bad_inputs(argv, code, msg, ckpts, tmp_path, monkeypatch, check_bad_input):
+    d, _, _ = ckpts
+    before_inputs = check_bad_input.snapshot(d)
+    res = _cli(argv, tmp_path, monkeypatch, d)
+    check_bad_input(res, code, msg, root=tmp_path, before={tmp_path / "in"} | check_bad_input.snapshot(tmp_path))
+    assert check_bad_input.snapshot(d) == before_inputs   # nothing written next to the inputs
+    assert not (tmp_path / "r").exists()
+
+
+def test_overfull_nm_warns(ckpts, tmp_path, monkeypatch):
+    import json
+
+    d, _, _ = ckpts
+    res = _cli([*B, "--models", "in/m0.safetensors,in/m1.safetensors,in/m2.safetensors", "--nm", "16:32",
+                "--out", "w"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    assert "exceeds m = 32" in r["warnings"][0] and r["models"][2]["short_blocks"] > 0
+    assert r["overlap"]["max_pairwise"] == 0
+
+
+# ------------------------------------------------------------------ the demo
+
+
+def test_demo_cli_one_seed(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(cli, ["cabs-merge", "-q", "--threads", "1", "--n-seeds", "1", "--methods", "cabs,bs"])
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    rows = {m["name"]: m for m in r["summary"]}
+    assert rows["cabs"]["max_pairwise_overlap"] == [0] and rows["bs"]["max_pairwise_overlap"][0] > 0
+    kept = r["per_seed"][0]["methods"][0]["kept_fraction"]
+    assert len(kept) == 4 and all(0.1 < k <= 0.125 for k in kept)
+
+
+def test_demo_stage_alone_equals_pipeline():
+    from icmltools.cabs import demo as D
+    from icmltools.cabs.options import DemoConfig
+
+    cfg = DemoConfig()
+    a, b = D.make_tasks(cfg, 3), D.make_tasks(cfg, 3)
+    assert all(torch.equal(x["train"][0], y["train"][0]) for x, y in zip(a, b))
+    assert not torch.equal(a[0]["train"][0], D.make_tasks(cfg, 4)[0]["train"][0])
+
+
+@pytest.mark.slow
+def test_demo_effect_seeds_0_2():
+    """Spec acceptance: CABS overlap 0 on every seed; CABS mean test accuracy >= base mean + 0.01."""
+    from icmltools.cabs import api
+
+    r = api.run_demo(api.demo_config(methods=["task_arithmetic", "cabs"]), seeds=(0, 1, 2))
+    rows = {m["name"]: m for m in r["summary"]}
+    assert rows["cabs"]["max_pairwise_overlap"] == [0, 0, 0]
+    assert rows["cabs"]["test_avg"] >= r["base"]["avg"] + 0.01
+
+
+def test_options_module_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, icmltools.cabs.options, icmltools.cabs; "
+            "print(','.join(m for m in ('torch', 'numpy', 'yaml', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
+
+
+def test_no_global_seeding():
+    import pathlib
+    import re
+
+    src = "".join(p.read_text() for p in pathlib.Path(P.__file__).parent.glob("*.py"))
+    assert not re.search(r"torch\.manual_seed|np\.random\.seed\(|default_rng|Generator\(\)\.manual_seed", src)

@@ -218,7 +218,8 @@ def _model_rows(job: FileJob, summary: dict, short: list | None) -> list[dict]:
     return rows
 
 
-def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callable | None = None) -> dict:
+def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callable | None = None,
+                allow_non_finite: bool = False) -> dict:
     """Stream theta = theta_0 + sum_k lambda_k * prune_k(tau_k) into `out_dir` (the base's format unless asked),
     tensor by tensor on the engine; the output appears only when complete."""
     import time
@@ -233,7 +234,7 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
               "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
     t0 = time.perf_counter()
     stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
-                                  record=record, sign=1, progress=progress)
+                                  record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite)
     seconds = time.perf_counter() - t0
     s = stats.summary(extended=True)
     short = getattr(job.plan.method, "short", None)
@@ -243,7 +244,7 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
             "base": {"path": str(job.base.path), "format": job.base.format, "n_tensors": len(job.base.specs),
                      "bytes": job.base.nbytes},
             "models": _model_rows(job, s, short), "overlap": s.get("overlap"), "tensor_density": tensor_density,
-            "kept_fraction": s["kept_fraction"], "skipped_non_float": s["skipped_non_float"],
+            "kept_fraction": s["kept_fraction"], "non_finite_inputs": s["non_finite_inputs"], "skipped_non_float": s["skipped_non_float"],
             "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
             "output_format": job.fmt, "bytes_read": s["bytes_read"], "seconds": seconds,
             "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "peak_rss_gb": _peak_rss_gb(),
