@@ -16,6 +16,8 @@ EPILOG = """Examples:
       --nm 8:32 --lam 0.6,0.4 --out merged_run | jq -c '.result.overlap.max_pairwise'
   icml cabs-merge --base llama/ --models ft_a/,ft_b/ --nm-for 1=4:32 --exclude 'lm_head.*' --out run2
   icml cabs-merge --config mergekit.yml --out run3   # a mergekit YAML (cabs, task_arithmetic, ties, ...)
+  icml cabs-merge --base b.safetensors --models a.safetensors,c.safetensors --lam-grid 0.5:2:0.25 \\
+      --eval-cmd 'python eval.py {checkpoint}' | jq .result.lambda_search.selected_scale
 """
 
 # library parameter -> flag, where the names differ
@@ -44,6 +46,13 @@ DC = options.DemoConfig
               help="The n:m of model I (0-based, in the model order); repeat.")
 @click.option("--lam", type=common.CommaList(kind=float), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
               help="Lambda: one for all models, or one per model in the model order.")
+@click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
+              help="Search a global scale s (theta_0 + s * sum_k lam_k * pruned_k) with --eval-cmd; the best is written.")
+@click.option("--eval-cmd", default=None, metavar="CMD",
+              help="With --lam-grid: run on each checkpoint ({checkpoint} is replaced by its path, else appended); "
+                   "it prints JSON with a finite \"score\" (higher is better).")
+@click.option("--eval-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds allowed per --eval-cmd run.")
 @click.option("--tail", type=click.Choice(options.TAILS), default=options.DEFAULT_TAIL,
               help="Last partial block (numel % m): pad = keep its top min(n, r) (mergekit); drop = prune it (RoBERTa).")
 @click.option("--exclude", multiple=True, metavar="GLOB",
@@ -62,7 +71,7 @@ DC = options.DemoConfig
 @common.out_option()
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
-def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, tail, exclude, out_format, chunk_elems,
+def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, lam_grid, eval_cmd, eval_timeout, tail, exclude, out_format, chunk_elems,
         allow_non_finite, methods, n_seeds, seed, device, threads, quiet, verbose, out):
     """Merge fine-tuned models with CABS (Yang et al., ICML 2025) or a baseline, on the shared merge engine.
 
@@ -81,11 +90,12 @@ def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, tail
         else:
             _files(run, base, models, config, dict(method=method, nm=nm, nm_for=nm_for, lam=lam, tail=tail,
                                                    out_format=out_format, chunk_elems=chunk_elems,
-                                                   exclude=exclude, seed=seed), out, allow_non_finite)
+                                                   exclude=exclude, seed=seed, lam_grid=lam_grid, eval_cmd=eval_cmd,
+                                                   eval_timeout=eval_timeout), out, allow_non_finite)
 
 
 FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "exclude", "out_format", "chunk_elems",
-             "allow_non_finite")
+             "allow_non_finite", "lam_grid", "eval_cmd", "eval_timeout")
 DEMO_ONLY = ("methods", "n_seeds")
 NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam")
 
@@ -137,8 +147,8 @@ def _files(run, base, models, config, opts: dict, out, allow_non_finite: bool) -
 
     with run.timer.phase("open"):
         if config is not None:
-            job = api.prepare_config(config, out_format=opts["out_format"], chunk_elems=opts["chunk_elems"],
-                                     seed=opts["seed"], tail=opts["tail"])
+            job = api.prepare_config(config, **{k: opts[k] for k in ("out_format", "chunk_elems", "seed", "tail",
+                                                                     "lam_grid", "eval_cmd", "eval_timeout")})
         else:
             job = api.prepare_files(base, models, **opts)
     for w in job.warnings:

@@ -406,6 +406,10 @@ BAD_INPUTS = [
     pytest.param([*B, *M2, "--n-seeds", "2"], 2, "--n-seeds applies to the embedded demo only", id="demo option"),
     pytest.param([*B, *M2, "-m", "in/m2.safetensors"], 2, "not both", id="models and model"),
     pytest.param(["--nm", "5:4"], 2, "--nm: '5:4'", id="demo n > m"),
+    pytest.param([*B, *M2, "--lam-grid", "0:1:0.5", "--out", "r"], 2, "--eval-cmd: a lambda grid needs",
+                 id="grid without eval-cmd"),
+    pytest.param([*B, *M2, "--lam-grid", "0:1:0.5", "--eval-cmd", "no-such-prog-x {checkpoint}", "--out", "r"], 2,
+                 "--eval-cmd: program 'no-such-prog-x' not found", id="eval-cmd missing program"),
 ]
 
 
@@ -417,6 +421,31 @@ def test_bad_inputs(argv, code, msg, ckpts, tmp_path, monkeypatch, check_bad_inp
     check_bad_input(res, code, msg, root=tmp_path, before={tmp_path / "in"} | check_bad_input.snapshot(tmp_path))
     assert check_bad_input.snapshot(d) == before_inputs   # nothing written next to the inputs
     assert not (tmp_path / "r").exists()
+
+
+def test_lambda_grid_with_eval_cmd(ckpts, tmp_path, monkeypatch):
+    """The user's command scores each scale; the best one is written (here: the score prefers scale 0.5)."""
+    import json
+    import sys
+
+    d, base, models = ckpts
+    (tmp_path / "ev.py").write_text(
+        "import sys, json\nfrom icmltools.taskvec import open_checkpoint\n"
+        "r = open_checkpoint(sys.argv[1]); b = open_checkpoint(sys.argv[2])\n"
+        "dev = float((r.get('a.weight') - b.get('a.weight')).abs().sum())\n"
+        "print(json.dumps({'score': -abs(dev - 0.5 * float(sys.argv[3]))}))\n")
+    res = _cli([*B, *M2, "--lam", "1", "--out", "one"], tmp_path, monkeypatch, d)
+    full = json.loads(res.stdout)["result"]
+    dev1 = float((_load(full["output"])["a.weight"] - base["a.weight"]).abs().sum())
+    cmd = f"{sys.executable} ev.py {{checkpoint}} in/base.safetensors {dev1}"
+    res = _cli([*B, *M2, "--lam-grid", "0:1:0.25", "--eval-cmd", cmd, "--out", "g"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    assert r["lambda_search"]["selected_scale"] == 0.5 and len(r["lambda_search"]["rows"]) == 5
+    out = _load(r["output"])
+    assert torch.allclose(out["a.weight"] - base["a.weight"], 0.5 * (_load(full["output"])["a.weight"] - base["a.weight"]),
+                          atol=1e-6)
+    assert not (tmp_path / "g" / ".lambda_grid").exists()
 
 
 def test_overfull_nm_warns(ckpts, tmp_path, monkeypatch):

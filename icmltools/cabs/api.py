@@ -129,11 +129,14 @@ class FileJob:
     fmt: str
     warnings: list = field(default_factory=list)
     source: dict = field(default_factory=dict)
+    lam_grid: list | None = None
+    eval_cmd: str | None = None
+    eval_timeout: float | None = None
 
     def config(self) -> dict:
         return {"method": self.method, "base": str(self.base.path), "models": [str(m.path) for m in self.models],
                 "nm": [f"{n}:{m}" for n, m in self.nms], "lam": self.lams, "tail": self.tail, "format": self.fmt,
-                "plan": self.plan.describe(), **self.source}
+                "plan": self.plan.describe(), "lam_grid": self.lam_grid, "eval_cmd": self.eval_cmd, **self.source}
 
 
 def _check_paths(base: str, models: Sequence[str]) -> None:
@@ -165,7 +168,8 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
                   nm_for: Sequence[str] = (), lam: Sequence[float] = (1.0,), tail: str = "pad",
                   out_format: str = "same", chunk_elems: int | None = None, exclude: Sequence[str] = (),
                   seed: int = 0, densities: Sequence[float] | None = None, options: dict | None = None,
-                  source: dict | None = None) -> FileJob:
+                  source: dict | None = None, lam_grid: str | None = None, eval_cmd: str | None = None,
+                  eval_timeout: float | None = None) -> FileJob:
     """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
     The order of `models` is the pruning order. NaN/inf task-vector values are refused as the merge streams."""
     from icmltools.merge import engine as E
@@ -182,6 +186,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
     nms = P.resolve_nms(k, nm, nm_for)
     P.check_tail(tail)
     lams = _lams(lam, k)
+    grid = _grid(lam_grid, eval_cmd, eval_timeout)
     warnings = []
     if method in ("cabs", "ca_magnitude") and (w := P.overfull_warning(nms)):
         warnings.append(w)
@@ -191,7 +196,20 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
     ms = [open_checkpoint(m) for m in models]
     E.open_and_check(b, ms, plan)
     return FileJob(b, ms, plan, method, nms, lams, tail, resolve_output_format(b, out_format), warnings,
-                   dict(source or {}))
+                   dict(source or {}), grid, eval_cmd, eval_timeout)
+
+
+def _grid(lam_grid: str | None, eval_cmd: str | None, eval_timeout: float | None) -> list | None:
+    """The global-scale grid of a search with the user's evaluation command (checked before any work)."""
+    from icmltools.merge import search as MS
+
+    if lam_grid is None and eval_cmd is None:
+        return None
+    if lam_grid is None or eval_cmd is None:
+        raise BadInputError("a lambda grid needs an evaluation command and vice versa",
+                            param="eval_cmd" if eval_cmd is None else "lam_grid")
+    MS.CommandEvaluator(eval_cmd, timeout=eval_timeout, fields=("score",))  # a missing program fails now
+    return MS.parse_grid(lam_grid)
 
 
 def _peak_rss_gb() -> float:
@@ -233,8 +251,12 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
               "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail,
               "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
     t0 = time.perf_counter()
-    stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
-                                  record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite)
+    search = None
+    if job.lam_grid is None:
+        stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
+                                      record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite)
+    else:
+        stats, search = _search(job, out_dir, out_path, record, device, progress, allow_non_finite)
     seconds = time.perf_counter() - t0
     s = stats.summary(extended=True)
     short = getattr(job.plan.method, "short", None)
@@ -248,11 +270,32 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
             "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
             "output_format": job.fmt, "bytes_read": s["bytes_read"], "seconds": seconds,
             "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "peak_rss_gb": _peak_rss_gb(),
+            "lambda_search": search,
             **({"config": job.source} if job.source else {})}
 
 
+def _search(job: FileJob, out_dir, out_path, record: dict, device: str, progress, allow_non_finite: bool):
+    """The merged vector once (in memory), then theta_0 + s * merged for each s of the grid, scored by the user's
+    command ({"score": x}, higher is better); the best s is written. Per-model lambdas stay relative weights."""
+    from icmltools.merge import engine as E
+    from icmltools.merge import search as MS
+
+    evaluator = MS.CommandEvaluator(job.eval_cmd, timeout=job.eval_timeout, fields=("score",))
+    tau, stats = E.merged_task_vector(job.base, job.models, job.plan, device=device, progress=progress,
+                                      allow_non_finite=allow_non_finite)
+    rows, sel = MS.search_files(job.base, tau, job.lam_grid, evaluator, out_dir, fmt=job.fmt, sign=1, skip_zero=True,
+                                rule=lambda r: MS.select_max(r, "score"), progress=progress,
+                                record=lambda s_: {**record, "scale": s_}, tainted=stats.non_finite_tensors,
+                                out_name=out_path.name)
+    E.apply_task_vector(job.base, tau, sel.lam, out_path, fmt=job.fmt, record={**record, "scale": sel.lam},
+                        tainted=stats.non_finite_tensors, param="lam_grid", sign=1, skip_zero=True)
+    return stats, {"grid": list(job.lam_grid), "rows": rows, "selected_scale": sel.lam, "eval_cmd": job.eval_cmd,
+                   "rule": "largest score; theta = theta_0 + scale * sum_k lam_k * pruned_k"}
+
+
 def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = None, seed: int = 0,
-                   tail: str = "pad") -> FileJob:
+                   tail: str = "pad", lam_grid: str | None = None, eval_cmd: str | None = None,
+                   eval_timeout: float | None = None) -> FileJob:
     """A mergekit YAML config as a file merge (the methods both tools have)."""
     from . import mkconfig
 
@@ -268,7 +311,7 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]
     job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
                         out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
-                        options=options or None,
+                        options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
                         source={"file": str(path), "merge_method": cfg.mergekit_method})
     job.warnings.extend(cfg.warnings)
     return job
