@@ -24,9 +24,9 @@ def demo_config(methods: Sequence[str] | None = None, nm: str | None = None, tai
         if unknown:
             raise BadInputError(f"unknown method(s) {', '.join(unknown)}", param="methods")
         cfg = replace(cfg, methods=tuple(methods))
-    if nm is not None and nm != "auto":
-        P.parse_nm(nm)
-        cfg = replace(cfg, nm=nm)
+    if nm is not None:
+        n, m = P.resolve_nms(cfg.n_tasks, nm)[0]   # auto: m 32, n = 16 // 4 tasks = 4
+        cfg = replace(cfg, nm=f"{n}:{m}")
     P.check_tail(tail)
     return cfg
 
@@ -177,7 +177,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
 
     from .options import DEFAULT_CHUNK_ELEMS, METHODS
 
-    if method not in METHODS and method != "dare_ties":
+    if method not in METHODS:
         raise BadInputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method")
     if not models:
         raise BadInputError("no model given", param="models")

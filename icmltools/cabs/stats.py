@@ -1,4 +1,5 @@
-"""What a merge kept: the K x K overlap of the pruned task vectors and each model's density per tensor.
+"""What a merge kept: the K x K overlap of the pruned task vectors (list form; the streamed merge counts it in
+the engine with the same definition) and the short blocks of an n:m mask.
 
 Overlap is counted on the nonzeros of the pruned vectors (as the official ``calculate_overlap``): counts[i][j]
 = #(pruned_i != 0 and pruned_j != 0) (the diagonal: each model's nonzeros), iou[i][j] = counts[i][j] /
@@ -7,7 +8,6 @@ that model k's pruned vector is nonzero there (K <= 62; above, only the diagonal
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 MAX_PAIRWISE = 62
@@ -76,41 +76,6 @@ def overlap_of(pruned: Sequence) -> dict:
         ov.add(k, p != 0)
     ov.finish()
     return ov.result()
-
-
-class Density:
-    """Per model: kept (nonzero after pruning) per tensor, summarised as min/max/std of the kept fraction
-    over the tensors, and the totals (kept, numel, kept_fraction, short_blocks)."""
-
-    def __init__(self, k: int):
-        self.k = k
-        self.kept = [0] * k
-        self.numel = 0
-        self.fractions: list[list[float]] = [[] for _ in range(k)]
-        self.short_blocks = [0] * k
-
-    def add(self, k: int, kept: int, numel: int, short_blocks: int = 0) -> None:
-        self.kept[k] += kept
-        self.short_blocks[k] += short_blocks
-        self.fractions[k].append(kept / numel if numel else 0.0)
-
-    def add_numel(self, numel: int) -> None:
-        self.numel += numel
-
-    def per_model(self) -> list[dict]:
-        return [{"kept": self.kept[k], "numel": self.numel,
-                 "kept_fraction": self.kept[k] / self.numel if self.numel else None,
-                 "short_blocks": self.short_blocks[k]} for k in range(self.k)]
-
-    def tensor_density(self) -> list[dict]:
-        out = []
-        for fr in self.fractions:
-            if not fr:
-                out.append({"min": None, "max": None, "std": None})
-                continue
-            mu = sum(fr) / len(fr)
-            out.append({"min": min(fr), "max": max(fr), "std": math.sqrt(sum((f - mu) ** 2 for f in fr) / len(fr))})
-        return out
 
 
 def short_blocks(mask, n: int, m: int, tail: str = "pad") -> int:
