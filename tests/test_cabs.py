@@ -429,19 +429,19 @@ def test_lambda_grid_with_eval_cmd(ckpts, tmp_path, monkeypatch):
     import sys
 
     d, base, models = ckpts
-    (tmp_path / "ev.py").write_text(
-        "import sys, json\nfrom icmltools.taskvec import open_checkpoint\n"
-        "r = open_checkpoint(sys.argv[1]); b = open_checkpoint(sys.argv[2])\n"
-        "dev = float((r.get('a.weight') - b.get('a.weight')).abs().sum())\n"
+    (tmp_path / "ev.py").write_text(   # numpy only (no torch import): a light command
+        "import sys, json\nfrom safetensors import safe_open\n"
+        "r, b = (safe_open(p, framework='numpy').get_tensor('a.weight') for p in sys.argv[1:3])\n"
+        "dev = float(abs(r - b).sum())\n"
         "print(json.dumps({'score': -abs(dev - 0.5 * float(sys.argv[3]))}))\n")
     res = _cli([*B, *M2, "--lam", "1", "--out", "one"], tmp_path, monkeypatch, d)
     full = json.loads(res.stdout)["result"]
     dev1 = float((_load(full["output"])["a.weight"] - base["a.weight"]).abs().sum())
     cmd = f"{sys.executable} ev.py {{checkpoint}} in/base.safetensors {dev1}"
-    res = _cli([*B, *M2, "--lam-grid", "0:1:0.25", "--eval-cmd", cmd, "--out", "g"], tmp_path, monkeypatch, d)
+    res = _cli([*B, *M2, "--lam-grid", "0.25,0.5,1", "--eval-cmd", cmd, "--out", "g"], tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
-    assert r["lambda_search"]["selected_scale"] == 0.5 and len(r["lambda_search"]["rows"]) == 5
+    assert r["lambda_search"]["selected_scale"] == 0.5 and len(r["lambda_search"]["rows"]) == 3
     out = _load(r["output"])
     assert torch.allclose(out["a.weight"] - base["a.weight"], 0.5 * (_load(full["output"])["a.weight"] - base["a.weight"]),
                           atol=1e-6)
@@ -463,6 +463,7 @@ def test_overfull_nm_warns(ckpts, tmp_path, monkeypatch):
 # ------------------------------------------------------------------ the demo
 
 
+@pytest.mark.slow
 def test_demo_cli_one_seed(tmp_path, monkeypatch):
     import json
 
