@@ -15,6 +15,7 @@ GROUP_EPILOG = """Examples:
   icml lowrank approx --widths 32,64,128 --ratios full,1/2,1/3,1/6 --beta 0.5,1.5 --seeds 3 --plot front.png
   icml lowrank uci --dataset diabetes | jq -c '[.result.classical.mean, .result.lowrank.mean, .result.t_test]'
   icml lowrank compress model.safetensors --rank-ratio 0.25 --out runs/lr1 | jq .result.totals
+  icml lowrank check runs/lr1 --model-ckpt model.safetensors | jq .result.totals
 """
 
 
@@ -176,5 +177,31 @@ def compress(ctx, checkpoint, rank_ratio, energy, svd, fmt, out_format, include,
         run.table("lowrank compress", ["key", "shape", "rank", "rel_fro_err", "MACs", "factored"], api.compress_rows(run.result))
 
 
-for _cmd in (approx, uci, compress):
+@common.command("check", param_flags={"map_path": "--map", "model_ckpt": "--model-ckpt"}, epilog="""Examples:
+
+\b
+  icml lowrank check runs/lr1 | jq -c '.result.layers[] | [.prefix, .shape, .rank]'
+  icml lowrank check runs/lr1/compressed.safetensors --model-ckpt model.safetensors | jq .result.totals
+  icml lowrank check factored.safetensors --map lowrank_map.json
+""")
+@click.argument("factored", type=click.Path())
+@click.option("--map", "map_path", type=click.Path(dir_okay=False), default=None,
+              help=f"The low-rank map [default: the run folder's {options.MAP_NAME}, else the checkpoint's record].")
+@click.option("--model-ckpt", type=click.Path(), default=None,
+              help="The dense checkpoint it came from: every other tensor must match it too (no extra, none missing).")
+@common.standard_options(seed=False, threads=True)
+@click.pass_context
+def check(ctx, factored, map_path, model_ckpt, threads, quiet, verbose):
+    """Load a factored checkpoint (a compress run folder, or the file with --map) strictly into the swapped
+    low-rank structure, one layer at a time: per-layer shapes, ranks and parameters; a missing, extra or
+    differently shaped tensor is an error naming it and both shapes (exit 2). Writes nothing."""
+    from icmltools.lowrank import api
+
+    with common.CommandRun(ctx, "lowrank", threads=threads, packages=PACKAGES, reference=options.REFERENCE) as run:
+        with run.timer.phase("check_s"), run.progress() as cb:
+            run.result = api.check(factored, map_path, model_ckpt, cb)
+        run.table("lowrank check", ["prefix", "shape", "rank", "format", "params", "factored"], api.check_rows(run.result))
+
+
+for _cmd in (approx, uci, compress, check):
     cli.add_command(_cmd)

@@ -66,6 +66,56 @@ def test_singular_value_error_equals_the_measured_error(rank):
     assert f.up.shape == (48, rank) and f.down.shape == (rank, 80)
 
 
+@pytest.mark.parametrize("shape,dtype", [((96, 96), torch.float32), ((150, 60), torch.float32), ((60, 150), torch.float32),
+                                         ((80, 120), torch.float16), ((64, 64), torch.bfloat16)])
+def test_gram_solver_matches_the_float64_svd(shape, dtype):
+    """The exact solver for 32/16-bit weights (float64 Gram eigendecomposition) against LAPACK's float64 SVD of the
+    same matrix: the same Eckart-Young error and singular values to float32 resolution, and a product as close
+    to the float64 truncation as float32 factors can be."""
+    g = torch.Generator().manual_seed(sum(shape))
+    k = min(shape)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], k, generator=g, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], k, generator=g, dtype=torch.float64))
+    s = 0.93 ** torch.arange(k, dtype=torch.float64)               # decaying spectrum, distinct values
+    w = ((u * s) @ v.T).to(dtype)
+    w64 = w.double()
+    u0, s0, vh0 = torch.linalg.svd(w64, full_matrices=False)
+    for rank in (1, k // 3, k):
+        f = svd.exact(w, rank)
+        assert f.solver == "gram" and f.up.dtype == torch.float32 and f.up.shape == (shape[0], rank)
+        assert abs(f.rel_fro_err - svd.tail_error(s0, rank)) < 1e-6
+        best = (u0[:, :rank] * s0[:rank]) @ vh0[:rank]
+        assert float((f.up.double() @ f.down.double() - best).norm() / w64.norm()) < 2e-6
+        assert abs(svd.measured_error(w.float(), f.up, f.down) - f.rel_fro_err) < 1e-5
+    assert svd.exact(w64, 3).solver == "svd"                          # float64 weights keep LAPACK's SVD
+
+
+def test_gram_solver_drops_the_weight_while_it_solves(monkeypatch):
+    """Streamed use: the exact solver reads W through the loader twice and holds neither W nor G next to the
+    eigenvectors (what keeps the peak at W + G, ~3x a float32 tensor, instead of LAPACK's ~8x)."""
+    import gc
+    import weakref
+
+    refs = []
+
+    def load():
+        t = torch.randn(70, 50, generator=torch.Generator().manual_seed(0))
+        refs.append(weakref.ref(t))
+        return t
+
+    seen = {}
+    real = svd.top_eigh
+
+    def spy(g, rank):
+        gc.collect()
+        seen.update(loads=len(refs), w_alive=refs[0]() is not None)
+        return real(g, rank)
+
+    monkeypatch.setattr(svd, "top_eigh", spy)
+    f = svd.exact(load, 10)
+    assert seen == {"loads": 1, "w_alive": False} and len(refs) == 2 and f.rank == 10
+
+
 def test_randomized_error_is_never_below_the_exact_error():
     g = torch.Generator().manual_seed(0)
     u, _ = torch.linalg.qr(torch.randn(200, 120, generator=g))
@@ -279,6 +329,26 @@ def test_compress_cli(run_cli, tmp_path, monkeypatch):
                                                              "compressed.safetensors.json", options.MAP_NAME}
 
 
+def test_check_cli_loads_a_factored_file_strictly(run_cli, tmp_path, monkeypatch):
+    """`icml lowrank check`: the run folder (map found there), the file with its record, and the dense model."""
+    monkeypatch.chdir(tmp_path)
+    net = trained_like(width=96)
+    write_state_dict({k: v.detach() for k, v in net.state_dict().items()}, tmp_path / "m.safetensors")
+    compress.compress_checkpoint(tmp_path / "m.safetensors", tmp_path / "run", CompressConfig())
+    _, doc = run_cli(["lowrank", "check", "-q", "run"])
+    r = doc["result"]
+    assert r["strict_load"] and r["map"].endswith(options.MAP_NAME) and r["model"] is None
+    assert [(x["prefix"], x["shape"], x["rank"], x["params_factored"]) for x in r["layers"]] == \
+        [("2", [96, 96], 32, 32 * 192), ("4", [96, 96], 32, 32 * 192)]
+    assert r["totals"]["tensors_checked"] == 6 and r["totals"]["tensors_not_checked"] == 4
+    _, doc = run_cli(["lowrank", "check", "-q", "run/compressed.safetensors", "--model-ckpt", "m.safetensors"])
+    assert doc["result"]["map"].endswith("(record)") and doc["result"]["totals"]["tensors_checked"] == 10
+    assert doc["result"]["totals"]["param_saving"] == pytest.approx(1 - 32 * 192 / 96 ** 2)
+    dense = compress.compress_checkpoint(tmp_path / "m.safetensors", tmp_path / "dense", CompressConfig(fmt="dense"))
+    _, doc = run_cli(["lowrank", "check", "-q", dense["output"], "--map", dense["map"], "--model-ckpt", "m.safetensors"])
+    assert [x["format"] for x in doc["result"]["layers"]] == ["dense", "dense"]
+
+
 def test_approx_cli_with_plot(run_cli, tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     monkeypatch.chdir(tmp_path)
@@ -303,6 +373,19 @@ def bad_files(tmp_path):
     write_state_dict(nan, tmp_path / "nan.safetensors")
     torch.save({"w": Evil()}, tmp_path / "evil.pt")
     (tmp_path / "t.csv").write_text("a,y\n1,2\n,3\n4,5\n")
+    compress.compress_checkpoint(tmp_path / "m.safetensors", tmp_path / "run", CompressConfig())
+    fac = state_of(tmp_path / "run" / "compressed.safetensors")
+    lmap = json.loads((tmp_path / "run" / options.MAP_NAME).read_text())
+    (tmp_path / "rank22.json").write_text(json.dumps({k: dict(v, rank=22) for k, v in lmap.items()}))
+    (tmp_path / "rank99.json").write_text(json.dumps({k: dict(v, rank=99) for k, v in lmap.items()}))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "broken.json").write_text("{")
+    write_state_dict({k: v for k, v in fac.items() if k != "4.up.bias"}, tmp_path / "nobias.safetensors")
+    write_state_dict(dict(fac, extra=torch.zeros(3)), tmp_path / "extra.safetensors")
+    nan_f = dict(fac, **{"4.up.weight": fac["4.up.weight"].clone()})
+    nan_f["4.up.weight"][1, 2] = float("nan")
+    write_state_dict(nan_f, tmp_path / "nanfac.safetensors")
+    write_state_dict({k: v.detach() for k, v in trained_like(width=32).state_dict().items()}, tmp_path / "w32.safetensors")
     return tmp_path
 
 
@@ -322,6 +405,20 @@ BAD_INPUTS = [
     (["lowrank", "compress"], 2, "give a CHECKPOINT, or --demo"),
     (["lowrank", "approx", "--ratios", "full,2/1"], 2, "--ratios: ratio 2/1 is outside (0, 1]"),
     (["lowrank", "approx", "--widths", "8.5"], 2, "--widths: widths must be positive integers"),
+    (["lowrank", "check", "run/compressed.safetensors", "--map", "rank22.json"], 2,
+     "tensor '2.down.weight' has shape [21, 64], the low-rank model expects [22, 64]"),
+    (["lowrank", "check", "run", "--model-ckpt", "w32.safetensors"], 2,
+     "tensor '2.weight' has shape [32, 32], the low-rank map says [64, 64]"),
+    (["lowrank", "check", "run/compressed.safetensors", "--map", "rank99.json"], 2, "--map: rank99.json: entry '2' has rank 99"),
+    (["lowrank", "check", "run/compressed.safetensors", "--map", "list.json"], 2, "--map: list.json: a low-rank map is"),
+    (["lowrank", "check", "run/compressed.safetensors", "--map", "broken.json"], 2, "--map: broken.json: not a JSON"),
+    (["lowrank", "check", "run/compressed.safetensors", "--map", "nope.json"], 2, "--map: nope.json: no such map file"),
+    (["lowrank", "check", "m.safetensors"], 2, "--map: m.safetensors: no low-rank map found"),
+    (["lowrank", "check", "nobias.safetensors", "--map", "run/lowrank_map.json"], 2, "tensor '4.up.bias' is missing"),
+    (["lowrank", "check", "extra.safetensors", "--map", "run/lowrank_map.json", "--model-ckpt", "m.safetensors"], 2,
+     "tensor 'extra' is not in the model"),
+    (["lowrank", "check", "nanfac.safetensors", "--map", "run/lowrank_map.json"], 2, "tensor '4.up.weight' has 1 non-finite"),
+    (["lowrank", "check", "missing.safetensors", "--map", "run/lowrank_map.json"], 2, "no such file"),
     (["lowrank", "uci", "--csv", "t.csv", "--out", "o"], 2, "column 'a' is empty"),
     (["lowrank", "uci", "--csv", "nope.csv"], 2, "no such file"),
     (["lowrank", "uci", "--target", "y"], 2, "--target goes with --csv"),

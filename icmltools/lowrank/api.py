@@ -42,6 +42,18 @@ def compress_demo(cfg: DemoConfig, seed: int, device="cpu", progress=None) -> di
     return _demo.compress_part(cfg, seed, device, progress)
 
 
+def check(factored, map_path=None, model_ckpt=None, progress=None) -> dict:
+    """Verify a factored checkpoint against its map (and the dense checkpoint): strict loads, per-layer shapes."""
+    from . import check as _check
+
+    return _check.check(factored, map_path, model_ckpt, progress)
+
+
+def check_rows(res: dict) -> list[list]:
+    return [[r["prefix"], "x".join(map(str, r["shape"])), r["rank"], r["format"], r["params_dense"], r["params_factored"]]
+            for r in res["layers"]]
+
+
 def validate_compress(cfg: CompressConfig) -> None:
     _compress.validate(cfg)
 

@@ -2,8 +2,8 @@
 
 Reading and writing go through the project's checkpoint I/O only (`icmltools.taskvec`: `open_checkpoint`
 readers for .safetensors, HF folders and weights-only torch files; `CheckpointWriter`, atomic). One tensor is
-resident at a time (plus its SVD): peak memory ~3x the largest tensor above the import baseline (safetensors
-and HF outputs; a torch-format output is collected whole by the writer). `--energy` needs every rank before
+resident at a time (plus its SVD; see `svd` for the solver's memory): peak memory ~3x the largest float32 tensor
+above the import baseline (safetensors and HF outputs; a torch-format output is collected whole by the writer). `--energy` needs every rank before
 the output header is written: a first pass takes the singular values (`torch.linalg.svdvals`) of each
 selected tensor, the second pass factors it.
 """
@@ -59,6 +59,29 @@ class OutputLayout(CheckpointReader):
         raise TypeError(f"OutputLayout describes the output's tensors and holds none (asked for {name!r})")
 
 
+def return_freed_buffers() -> bool:
+    """glibc only: serve every allocation of 1 MiB or more by its own memory map, so a freed tensor goes back to
+    the system at once. By default glibc raises that threshold after the first big free, up to 32 MiB, and the
+    freed tensors below it stay in the heap: a 2048 x 2048 float32 layer's SVD temporaries then add up in the
+    resident set (measured peak 3.6x -> 2.95x the tensor with the randomized SVD, benchmarks/lowrank_compress.py).
+    Process-wide, set once; False where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    global _MALLOPT_DONE
+    if _MALLOPT_DONE is None:
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _MALLOPT_DONE = bool(libc.mallopt(M_MMAP_THRESHOLD, 1 << 20))
+        except (OSError, AttributeError):
+            _MALLOPT_DONE = False
+    return _MALLOPT_DONE
+
+
+M_MMAP_THRESHOLD = -3     # glibc's mallopt parameter number
+_MALLOPT_DONE: bool | None = None
+
+
 def prefix(key: str) -> str:
     return key[: -len(".weight")] if key.endswith(".weight") else key
 
@@ -91,8 +114,11 @@ def skip_reason(key: str, spec: TensorSpec, cfg: CompressConfig) -> str | None:
 
 
 def read_checked(reader: CheckpointReader, name: str):
-    """One tensor, refused if any float element is NaN/inf (named, with the count)."""
-    t = reader.get(name)
+    """One tensor, refused if any float element is NaN/inf (named, with the count). Read into a fresh buffer
+    (`get_into`: a positioned read for safetensors) rather than `get`, whose memory map would count the file's
+    pages in the resident set next to the copy (2x the tensor)."""
+    spec = reader.specs[name]
+    t = reader.get_into(name, torch.empty(tuple(spec.shape), dtype=spec.dtype))
     if is_float_dtype(t.dtype) and not all_finite(t):
         raise BadInputError(f"{reader.path}: tensor {name!r} has {count_non_finite(t)} non-finite values (NaN/inf)")
     return t
@@ -101,6 +127,7 @@ def read_checked(reader: CheckpointReader, name: str):
 def plan(reader: CheckpointReader, cfg: CompressConfig, device="cpu") -> Plan:
     """Select the tensors, fix each rank (ratio: from the shape; energy: from the singular values)."""
     validate(cfg)
+    return_freed_buffers()
     p = Plan(reader, cfg, fmt=resolve_output_format(reader, cfg.out_format))
     ratio = cfg.rank_ratio if cfg.rank_ratio is not None else (None if cfg.energy is not None else DEFAULT_RANK_RATIO)
     for key, spec in reader.specs.items():
@@ -164,18 +191,20 @@ def layout(p: Plan) -> tuple[OutputLayout, dict, dict]:
     return OutputLayout(rd, specs, shards), source, lmap
 
 
-def factor(w_cpu, key: str, rank: int, cfg: CompressConfig, device, seed: int) -> svd.Factors:
-    """Factor one weight on `device` in float32 (float64 for float64 weights)."""
-    w = w_cpu.to(device, svd.compute_dtype(w_cpu.dtype))
+def factor(load, key: str, rank: int, cfg: CompressConfig, device, seed: int) -> svd.Factors:
+    """Factor one weight on `device`; factors in float32 (float64 for float64 weights). `load()` reads the weight
+    (the exact Gram solver reads it twice rather than hold it next to its Gram matrix)."""
     if cfg.svd == "exact":
-        return svd.exact(w, rank)
+        return svd.exact(lambda: load().to(device), rank)
+    w = load()
+    w = w.to(device, svd.compute_dtype(w.dtype))
     return svd.randomized(w, rank, cfg.oversample, cfg.niter, derive(seed, "compress", "svd", key))
 
 
 def layer_row(key: str, shape, f: svd.Factors, bias: bool) -> dict:
     """Per layer: weight params and MACs (out*in per sample) before, r(out+in) factored."""
     o, i = shape
-    return {"key": key, "shape": [o, i], "rank": f.rank, "rel_fro_err": f.rel_fro_err, "bias": bias,
+    return {"key": key, "shape": [o, i], "rank": f.rank, "rel_fro_err": f.rel_fro_err, "solver": f.solver, "bias": bias,
             "params_before": o * i, "params_factored": f.rank * (o + i),
             "macs_before": o * i, "macs_factored": f.rank * (o + i)}
 
@@ -197,7 +226,8 @@ def execute(p: Plan, out_path: Path, *, device="cpu", seed: int = 0, record: dic
                 t = read_checked(rd, src)
             else:
                 if cur is None or cur[0] != src:
-                    cur = (src, factor(read_checked(rd, src), src, p.ranks[src], p.cfg, device, seed))
+                    cur = None  # the previous layer's factors go before this layer's SVD starts
+                    cur = (src, factor(lambda s=src: read_checked(rd, s), src, p.ranks[src], p.cfg, device, seed))
                     rows.append(layer_row(src, rd.specs[src].shape, cur[1], bias_key(rd, src) is not None))
                 t = PIECES[kind](cur[1]).to("cpu", rd.specs[src].dtype)
             w.write(name, t)

@@ -2,8 +2,17 @@
 
 W = U S V': up = U_r S_r^(1/2) [out x r], down = S_r^(1/2) V_r' [r x in]. By Eckart-Young the exact truncation
 has the least Frobenius error of any rank-r matrix, rel_fro_err = sqrt(sum_{i>r} s_i^2 / sum_i s_i^2); the
-randomized factors (torch.svd_lowrank, Halko et al. 2011: q = r + oversample columns, `niter` power
+randomized factors (Halko, Martinsson, Tropp 2011, Alg. 4.4 + 5.1: q = r + oversample columns, `niter` power
 iterations) can only be worse, and their error is measured.
+
+Memory (the compressor's target is ~3x the largest tensor): LAPACK's divide-and-conquer SVD (`gesdd`, behind
+`torch.linalg.svd` on a CPU) holds a copy of W, U, V' and a workspace of ~4 n^2, about 8x the tensor. The exact
+solver here for float32/16-bit weights on a CPU is the symmetric eigenproblem of the Gram matrix of the smaller
+side, accumulated in float64 (G = W'W, or WW' when W is wide; 2x a square float32 tensor): the top r eigenpairs
+(LAPACK `syevr` through scipy, in place, subset by index) are the squared singular values and the right (left)
+singular vectors; W is read again to form the other side blockwise. Peak ~3x (W and G together), and in float64
+the singular values come out to ~sqrt(k eps64) s_1 (k = the smaller side), finer than float32 weights hold.
+Float64 weights and GPU devices keep `torch.linalg.svd`.
 """
 from __future__ import annotations
 
@@ -14,6 +23,10 @@ import torch
 
 from icmltools.core.errors import BadInputError
 
+BLOCKS = 64          # row/column blocks of a float64 temporary: 1/32 of the tensor's float32 bytes each
+SOLVERS = {"gram": "float64 Gram eigendecomposition (LAPACK syevr, top r)", "svd": "torch.linalg.svd (LAPACK gesdd)",
+           "randomized": "randomized subspace iteration (Halko et al. 2011)"}
+
 
 @dataclass
 class Factors:
@@ -21,6 +34,7 @@ class Factors:
     down: torch.Tensor      # r x in
     rank: int
     rel_fro_err: float      # exact: from the singular values; randomized: measured
+    solver: str = "svd"
 
 
 def compute_dtype(dtype) -> torch.dtype:
@@ -58,32 +72,135 @@ def tail_error(s: torch.Tensor, rank: int) -> float:
     return 0.0 if tot == 0 else math.sqrt(float(s2[rank:].sum()) / tot)
 
 
-def exact(w: torch.Tensor, rank: int) -> Factors:
-    """Exact thin SVD, truncated to `rank`."""
-    u, s, vh = torch.linalg.svd(w, full_matrices=False)
+def _halves(s: torch.Tensor):
+    """s^(1/2) and s^(-1/2) (0 where s = 0: a zero singular value contributes nothing to up @ down)."""
+    root = s.clamp_min(0).sqrt()
+    inv = root.reciprocal()
+    inv[root == 0] = 0
+    return root, inv
+
+
+def _step(n: int) -> int:
+    return max(1, -(-n // BLOCKS))
+
+
+def exact(w, rank: int) -> Factors:
+    """Exact truncated SVD of `w` (a tensor, or a callable returning it: the Gram solver calls it twice and holds W
+    only while it accumulates G, so a streamed caller can read the tensor again instead of keeping it)."""
+    load = w if callable(w) else (lambda: w)
+    box = [load()]                  # no reference stays here: the Gram solver drops W while it solves
+    if box[0].dtype == torch.float64 or box[0].device.type != "cpu":
+        return _exact_svd(box.pop(), rank)
+    return _exact_gram(box, load, rank)
+
+
+def _exact_svd(w: torch.Tensor, rank: int) -> Factors:
+    """Thin SVD (full_matrices=False), truncated."""
+    u, s, vh = torch.linalg.svd(w.to(compute_dtype(w.dtype)), full_matrices=False)
     err = tail_error(s, rank)
     root = s[:rank].sqrt()
     up = u[:, :rank] * root
     del u
     down = root[:, None] * vh[:rank]
-    return Factors(up, down, rank, err)
+    return Factors(up, down, rank, err, "svd")
+
+
+def gram(w: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
+    """G of the smaller side in float64 (W'W when out >= in, `right` True; else WW'), accumulated over blocks of
+    W converted to float64 one at a time; and ||W||_F^2 in float64."""
+    m, n = w.shape
+    right = n <= m
+    k = n if right else m
+    g = torch.zeros(k, k, dtype=torch.float64, device=w.device)
+    step = _step(m if right else n)
+    for a in range(0, m if right else n, step):
+        blk = (w[a:a + step] if right else w[:, a:a + step]).double()
+        if right:
+            g.addmm_(blk.T, blk)
+        else:
+            g.addmm_(blk, blk.T)
+    return g, float(g.diagonal().sum()), right       # trace(G) = ||W||_F^2
+
+
+def top_eigh(g: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `rank` largest eigenvalues (descending) and eigenvectors of the symmetric float64 `g`, which is
+    overwritten: LAPACK syevr on the index range only (workspace O(k), vectors k x r)."""
+    k = g.shape[0]
+    if g.device.type != "cpu":
+        lam, z = torch.linalg.eigh(g)
+        return lam.flip(0)[:rank], z[:, k - rank:].flip(1)
+
+    from scipy.linalg import eigh
+
+    lam, z = eigh(g.numpy().T, subset_by_index=[k - rank, k - 1], driver="evr", overwrite_a=True, check_finite=False)
+    zt = z.T                    # r x k, C-contiguous (LAPACK returns the vectors column-major): rows reversed in place
+    for i in range(rank // 2):  # (a reversed copy would hold the vectors twice)
+        zt[[i, rank - 1 - i]] = zt[[rank - 1 - i, i]]
+    return torch.from_numpy(lam[::-1].copy()), torch.from_numpy(zt).T
+
+
+def _exact_gram(box: list, load, rank: int) -> Factors:
+    """Eckart-Young through the Gram matrix: W'W = V S^2 V', so up = W V_r S_r^(-1/2), down = S_r^(1/2) V_r'
+    (mirrored for WW' = U S^2 U'); up @ down = W V_r V_r' whatever the rounding of S. The error comes from the
+    singular values: ||W||^2 - sum_{i<=r} s_i^2, in float64."""
+    w = box.pop()
+    m, n = w.shape
+    g, nw2, right = gram(w)
+    del w                       # the caller's loader gives W again below; G and W are never held with the vectors
+    lam, z = top_eigh(g, rank)
+    del g
+    err = 0.0 if nw2 == 0 else math.sqrt(max(nw2 - float(lam.sum()), 0.0) / nw2)
+    root, inv = _halves(lam)
+    w = load()
+    out = compute_dtype(w.dtype)
+    side = (z * root).to(out)   # V_r S^(1/2) or U_r S^(1/2)
+    other = torch.empty((m, rank) if right else (rank, n), dtype=out)
+    step = _step(m if right else n)
+    for a in range(0, m if right else n, step):
+        if right:
+            other[a:a + step] = (w[a:a + step].double() @ z * inv).to(out)
+        else:
+            other[:, a:a + step] = (inv[:, None] * (z.T @ w[:, a:a + step].double())).to(out)
+    if right:
+        return Factors(other, side.T.contiguous(), rank, err, "gram")
+    return Factors(side, other, rank, err, "gram")
+
+
+def _orth(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.qr(x).Q
 
 
 def randomized(w: torch.Tensor, rank: int, oversample: int, niter: int, stream) -> Factors:
-    """torch.svd_lowrank with q = r + oversample (capped at min(out, in)); its draws come from `stream`."""
-    q = min(rank + oversample, min(w.shape))
-    with stream.torch_init(devices=[w.device] if w.device.type == "cuda" else []):
-        u, s, v = torch.svd_lowrank(w, q=q, niter=niter)
-    root = s[:rank].sqrt()
-    up = u[:, :rank] * root
-    down = root[:, None] * v[:, :rank].T
-    return Factors(up, down, rank, measured_error(w, up, down))
+    """Randomized SVD (Halko et al. 2011: Alg. 4.4, subspace iteration with re-orthonormalisation, then Alg. 5.1)
+    with q = r + oversample columns (capped at min(out, in)), Gaussian test matrix from `stream`; the small q x in
+    problem B = Q'W goes through its float64 Gram BB'. Holds W, Q and B (each of the last two q/min of W)."""
+    m, n = w.shape
+    q = min(rank + oversample, m, n)
+    omega = torch.randn(n, q, generator=stream.torch(w.device), dtype=w.dtype, device=w.device)
+    basis = _orth(w @ omega)
+    del omega
+    for _ in range(niter):
+        basis = _orth(w @ _orth(w.T @ basis))
+    b = basis.T @ w                                     # q x in
+    g = torch.zeros(q, q, dtype=torch.float64, device=w.device)
+    for a in range(0, n, _step(n)):
+        blk = b[:, a:a + _step(n)].double()
+        g.addmm_(blk, blk.T)
+    lam, ub = top_eigh(g, rank)
+    del g
+    root, inv = _halves(lam)
+    up = basis @ (ub * root).to(w.dtype)
+    del basis
+    down = ((ub * inv).T.to(w.dtype)) @ b
+    del b, ub
+    return Factors(up, down, rank, measured_error(w, up, down), "randomized")
 
 
-def measured_error(w: torch.Tensor, up: torch.Tensor, down: torch.Tensor, block: int = 256) -> float:
+def measured_error(w: torch.Tensor, up: torch.Tensor, down: torch.Tensor, block: int | None = None) -> float:
     """||W - up down||_F / ||W||_F from the residual itself, `block` rows at a time (no W-sized temporary, and
     no cancellation: the expanded form ||W||^2 - 2<A'W, B> + ... loses small errors to float32 rounding)."""
     nw2, res2 = 0.0, 0.0
+    block = block or _step(w.shape[0])
     for a in range(0, w.shape[0], block):
         wb = w[a:a + block]
         nw2 += float(wb.double().square().sum())
