@@ -24,30 +24,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import _measure  # benchmarks/_measure.py: RSS from /proc, fresh-process runs
+
 SIDE = 4096
-
-
-def _vm(key: str) -> int:
-    """VmHWM / VmRSS of this process in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return -1
-
-
-def _mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return -1
 
 
 def _layout(size_gb: float):
@@ -208,23 +191,17 @@ def child(mode: str, folder: Path, n: int) -> dict:
     import icmltools.negmerge.merge  # noqa: F401
     import icmltools.taskvec  # noqa: F401
 
-    rss_after_imports = _vm("VmRSS")
+    rss_after_imports = _measure.vm("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
     nbytes = CHILDREN[mode](folder, n)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"seconds": round(dt, 3), "cpu_seconds": round(cpu, 3), "bytes": nbytes,
             "gb_per_s": round(nbytes / 1e9 / dt, 3), "gb_per_cpu_s": round(nbytes / 1e9 / cpu, 3),
-            "peak_rss_gb": round(_vm("VmHWM") / 1e9, 3), "rss_after_imports_gb": round(rss_after_imports / 1e9, 3)}
+            "peak_rss_gb": round(_measure.vm("VmHWM") / 1e9, 3), "rss_after_imports_gb": round(rss_after_imports / 1e9, 3)}
 
 
 def run_child(mode: str, folder: Path, n: int, timeout: float) -> dict:
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(root))
-    p = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(folder), "--n", str(n)],
-                       capture_output=True, text=True, timeout=timeout, env=env)
-    if p.returncode != 0:
-        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300], "returncode": p.returncode}
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _measure.run_child(__file__, ["--child", mode, "--dir", folder, "--n", n], timeout)
 
 
 def _ab(folder: Path, n: int, rounds: int) -> dict:
@@ -298,8 +275,8 @@ def main(argv=None):
         need = model_bytes * (a.n + 3)
         if a.skip_naive:
             doc["naive"] = {"skipped": "--skip-naive"}
-        elif _mem_available() < need + 3e9:
-            doc["naive"] = {"skipped": f"needs ~{need / 1e9:.1f} GB, only {_mem_available() / 1e9:.1f} GB available"}
+        elif _measure.mem_available() < need + 3e9:
+            doc["naive"] = {"skipped": f"needs ~{need / 1e9:.1f} GB, only {_measure.mem_available() / 1e9:.1f} GB available"}
         else:
             doc["naive"] = run_child("naive", folder, a.n, 1800)
             if "error" not in doc["naive"]:
