@@ -324,11 +324,16 @@ class TopK:
         if self.all_ties:
             return a >= self.thr
         eq = a == self.thr
-        before = self.seen.get(p, 0)
-        rank = torch.cumsum(eq, 0, dtype=torch.int64)
-        self.seen[p] = before + int(rank[-1]) if rank.numel() else before
-        keep = eq & (rank <= self.ties_kept - before)
-        return keep.logical_or_(a > self.thr)
+        n_eq = int(torch.count_nonzero(eq))
+        left = self.ties_kept - self.seen.get(p, 0)
+        self.seen[p] = self.seen.get(p, 0) + n_eq
+        if left <= 0 or n_eq == 0:
+            return a > self.thr
+        if n_eq <= left:
+            return eq.logical_or_(a > self.thr)
+        cut = int(torch.nonzero(eq)[left - 1, 0]) + 1  # the chunk where the ties' quota runs out: after its
+        eq[cut:] = False                                 # left-th tie, none is kept
+        return eq.logical_or_(a > self.thr)
 
 
 def top_count(density: float, numel: int) -> int:
@@ -377,9 +382,11 @@ class TensorState:
         nz = pruned != 0
         self.model_kept[i] += int(torch.count_nonzero(nz))
         if self.tracking:
-            if self._bits is None:
-                self._bits = torch.zeros(nz.shape, dtype=torch.int64, device=nz.device)
-            self._bits.bitwise_or_(nz.to(torch.int64) << i)
+            if self._bits is None:  # bit i = model i kept the slot; the narrowest integer type that holds n bits
+                dt = torch.uint8 if self.n <= 8 else torch.int16 if self.n <= 15 else \
+                    torch.int32 if self.n <= 31 else torch.int64
+                self._bits = torch.zeros(nz.shape, dtype=dt, device=nz.device)
+            self._bits.add_(nz.to(self._bits.dtype), alpha=1 << i)  # the bits are disjoint: add == or
 
     def _chunk_overlap(self) -> None:
         if self._bits is None:
@@ -391,7 +398,7 @@ class TensorState:
         for i in range(self.n):
             for j in range(i, self.n):
                 m = (1 << i) | (1 << j)
-                c = int(torch.count_nonzero(torch.bitwise_and(self._bits, m) == m))
+                c = int(torch.count_nonzero(torch.bitwise_and(self._bits, m).eq_(m)))
                 self.overlap[i][j] += c
                 if j != i:
                     self.overlap[j][i] += c
@@ -626,20 +633,23 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
 
 
 def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, whole: bool,
-                diag: _Diagnosis, each: bool) -> None:
-    """Every pass of every wanted model over chunk [a, b)."""
+                diag: _Diagnosis, each: bool, fused: bool) -> None:
+    """Every pass of every wanted model over chunk [a, b). `fused`: the tensor is one chunk, so the method's
+    scan of each model runs here, on the same task vector, just before its pass-0 add (one read saved)."""
     m, plan, cd = run.plan.method, run.plan, st.dtype
     for p in range(m.passes):
         for k, i in enumerate(wanted):
             raw = _read(run, run.models[i], spec.name, spec, a, b, "raw_cand", whole)
             tau = _to_compute(run, raw, "tau", cd)
             tau.sub_(bd)
-            if each and p == 0 and not m.scans and not all_finite(tau):  # before DARE (its drops hide NaN)
+            if each and p == 0 and (fused or not m.scans) and not all_finite(tau):  # before DARE (drops hide NaN)
                 diag.run(run, spec.name, wanted)
                 if not diag.inputs_bad:
                     raise _overflow(run, spec.name, i, cd)
             if plan.dare_p > 0:
                 tau = st.dare(tau, i, plan.dare_p, stream=p)
+            if fused and p == 0:
+                m.scan(st, tau, i)
             m.add(st, tau, i, k, p)
 
 
@@ -656,9 +666,10 @@ def _tensor_chunks(run: _Run, spec):
     diag, kept = _Diagnosis(), 0
     spans = list(_chunks(spec.numel, plan))
     whole = len(spans) == 1
+    fused = m.scans and whole
     with torch.no_grad():  # never across a yield: grad mode is thread state the caller would inherit
         m.begin(st)
-        if m.scans:
+        if m.scans and not fused:
             _scan(run, st, spec, wanted, diag)
     for a, b in spans:
         with torch.no_grad():
@@ -667,7 +678,7 @@ def _tensor_chunks(run: _Run, spec):
                 setattr(st, key, st.buf(key, None if dt is None else getattr(torch, dt)))
             raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
             bd = _to_compute(run, raw_b, "base_c", cd)
-            _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None)
+            _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None, fused)
             if witness is not None and wanted and not all_finite(getattr(st, witness)):
                 diag.run(run, name, wanted)  # inputs finite: a task vector overflowed; the output check decides
             merged, c = m.finish(st)

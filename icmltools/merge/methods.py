@@ -89,10 +89,13 @@ class Weighted(MergeMethod):
             torch.sign(st.total, out=st.sgn)
             st.acc.zero_()
             st.div.zero_()
-        agree = torch.eq(torch.sign(wp), st.sgn).logical_and_(wp != 0)
-        st.acc.add_(torch.where(agree, wp, torch.zeros((), dtype=wp.dtype, device=wp.device)))
-        a = agree.to(st.div.dtype)
-        st.div.add_(a if w == 1.0 else a * w)
+        agree = torch.gt(torch.mul(wp, st.sgn), 0)  # same strict sign as the elected one (sgn 0 elects nothing)
+        st.acc.add_(wp.masked_fill_(agree.logical_not(), 0) if wp.data_ptr() != st.total.data_ptr() else
+                    torch.where(agree, wp, torch.zeros((), dtype=wp.dtype, device=wp.device)))
+        if w == 1.0:
+            st.div.add_(agree)
+        else:
+            st.div.add_(agree.to(st.div.dtype) * w)
 
     def finish(self, st):
         import torch

@@ -1,0 +1,265 @@
+"""Benchmark of the shared merge engine (issue 13): every method on base + N models, each method in a fresh process.
+
+    python benchmarks/merge_engine.py                  # base + 4 models of ~1 GB each, bf16 (spec's layout)
+    python benchmarks/merge_engine.py --gb 0.25 --n 4 --methods ties,task_arithmetic
+    python benchmarks/merge_engine.py --mergekit /tmp/mkvenv/bin/python   # also mergekit 0.1.5 on the HF folders
+
+The models are generated in a temporary folder (removed at the end): a Llama-like layout (embedding and head
+32000 x 2048, blocks of 4 x 2048^2 + 3 x 2048 x 5632, the number of blocks chosen for --gb) in bfloat16, written
+both as single .safetensors files and as Hugging Face sharded folders. For each layout: a plain read of the same
+files through the same reader (the floor), then every method (task vector merge written to disk), each in a
+fresh process with one thread: seconds, GB/s of checkpoint read (the bytes of base + models, once), peak RSS
+(VmHWM) minus the process's RSS after its imports, and the ratio to the plain read. Prints one JSON document.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VOCAB, HID, FFN = 32000, 2048, 5632
+METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs", "negmerge", "uniform",
+           "magmax")
+RSS_TARGET_GB, RATIO_TARGET = 2.5, 0.5
+
+
+def layout(gb: float) -> list[tuple[str, tuple]]:
+    """Tensor names and shapes of a model of about `gb` GB in bf16 (at least one block)."""
+    block = 4 * HID * HID + 3 * HID * FFN + 2 * HID
+    fixed = 2 * VOCAB * HID + HID
+    n_blocks = max(1, round((gb * 1e9 / 2 - fixed) / block))
+    out = [("model.embed_tokens.weight", (VOCAB, HID))]
+    for b in range(n_blocks):
+        p = f"model.layers.{b}."
+        out += [(p + f"self_attn.{x}_proj.weight", (HID, HID)) for x in "qkvo"]
+        out += [(p + "mlp.gate_proj.weight", (FFN, HID)), (p + "mlp.up_proj.weight", (FFN, HID)),
+                (p + "mlp.down_proj.weight", (HID, FFN)), (p + "input_layernorm.weight", (HID,)),
+                (p + "post_attention_layernorm.weight", (HID,))]
+    return out + [("model.norm.weight", (HID,)), ("lm_head.weight", (VOCAB, HID))]
+
+
+def generate(folder: Path, gb: float, n: int) -> dict:
+    """base + n models (base + small noise), each as model_i.safetensors and hf_i/ (about 4 shards)."""
+    import torch
+
+    from icmltools.core.seed import derive
+    from icmltools.taskvec import write_state_dict
+
+    names = layout(gb)
+    sizes = [s[0] * (s[1] if len(s) > 1 else 1) * 2 for _, s in names]
+    per_shard = sum(sizes) / 4
+    shards, cur, acc = [], [], 0
+    for (k, _), sz in zip(names, sizes):
+        cur.append(k)
+        acc += sz
+        if acc >= per_shard:
+            shards.append(cur)
+            cur, acc = [], 0
+    if cur:
+        shards.append(cur)
+    g = derive(0, "bench", "base").torch()
+    base = {k: (torch.randn(s, generator=g) * 0.02).to(torch.bfloat16) for k, s in names}
+    for i in range(n + 1):
+        if i == 0:
+            sd = base
+        else:
+            gi = derive(0, "bench", "model", i).torch()
+            sd = {k: (v.float() + torch.randn(v.shape, generator=gi) * 0.002).to(torch.bfloat16) for k, v in base.items()}
+        tag = "base" if i == 0 else f"m{i}"
+        write_state_dict(sd, folder / f"{tag}.safetensors")
+        write_state_dict(sd, folder / f"hf_{tag}", fmt="hf_safetensors", shards=shards)
+        (folder / f"hf_{tag}" / "config.json").write_text(json.dumps(llama_config(len(names))))
+        del sd
+    return {"n_tensors": len(names), "bytes_per_model": sum(sizes), "n_shards": len(shards),
+            "largest_tensor_elems": max(s[0] * (s[1] if len(s) > 1 else 1) for _, s in names)}
+
+
+def llama_config(n_tensors: int) -> dict:
+    """A Llama config.json matching the layout (mergekit reads the architecture from it)."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HID,
+            "intermediate_size": FFN, "num_hidden_layers": (n_tensors - 3) // 9, "num_attention_heads": 16,
+            "num_key_value_heads": 16, "vocab_size": VOCAB, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+
+
+def _paths(folder: Path, fmt: str, n: int):
+    if fmt == "safetensors":
+        return folder / "base.safetensors", [folder / f"m{i}.safetensors" for i in range(1, n + 1)]
+    return folder / "hf_base", [folder / f"hf_m{i}" for i in range(1, n + 1)]
+
+
+def _vm(key: str) -> int:
+    """VmRSS / VmHWM of this process in bytes. (ru_maxrss is not used: Linux folds the pre-exec parent's
+    high-water mark into a child's ru_maxrss, so a child of a big parent reports the parent's peak.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return -1
+
+
+def child(mode: str, folder: Path, fmt: str, n: int) -> dict:
+    """One measurement in this fresh process: a plain read, or one method's merge to disk."""
+    import torch
+
+    import icmltools.merge.methods  # noqa: F401
+    from icmltools.merge import engine as E
+    from icmltools.taskvec import open_checkpoint
+
+    torch.set_num_threads(1)
+    base_p, model_ps = _paths(folder, fmt, n)
+    rss0 = _vm("VmRSS")
+    t0, c0 = time.perf_counter(), time.process_time()
+    base, models = open_checkpoint(base_p), [open_checkpoint(p) for p in model_ps]
+    nbytes = base.nbytes * (1 + n)
+    if mode == "read":
+        buf = None
+        for r in [base] + models:
+            for name, spec in r.specs.items():
+                if buf is None or buf.numel() < spec.numel:
+                    buf = torch.empty(spec.numel, dtype=spec.dtype)
+                r.get_into(name, buf[: spec.numel].view(spec.shape))
+    else:
+        out = folder / f"out_{mode}_{fmt}"
+        out = out.with_suffix(".safetensors") if fmt == "safetensors" else out
+        E.merge_to_checkpoint(base, models, E.make_plan(mode, n), 1.0, out)
+        shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
+        Path(str(out) + ".json").unlink(missing_ok=True)
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = _vm("VmHWM")
+    return {"seconds": round(dt, 2), "cpu_seconds": round(cpu, 2), "bytes": nbytes, "gb_per_s": round(nbytes / 1e9 / dt, 3),
+            "peak_rss_gb": round((peak - rss0) / 1e9, 3), "import_rss_gb": round(rss0 / 1e9, 3),
+            "peak_rss_total_gb": round(peak / 1e9, 3)}
+
+
+def _run_child(args: list[str]) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    return json.loads(p.stdout)
+
+
+MERGEKIT_YAML = """merge_method: {method}
+base_model: {base}
+models:
+{models}
+dtype: bfloat16
+"""
+
+
+def mergekit(python: str, folder: Path, n: int, method: str) -> dict:
+    """mergekit-yaml (the venv's) on the HF folders: wall time and peak RSS of the whole process tree (GNU time)."""
+    base, models = _paths(folder, "hf", n)
+    params = "      parameters: {weight: 1.0}" if method == "task_arithmetic" else \
+        "      parameters: {weight: 1.0, density: 0.2}"
+    cfg = folder / f"mk_{method}.yml"
+    cfg.write_text(MERGEKIT_YAML.format(method=method, base=base, models="\n".join(
+        f"  - model: {m}\n{params}" for m in models)))
+    out = folder / f"mk_out_{method}"
+    script = Path(python).parent / "mergekit-yaml"
+    t0 = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-f", "%M", str(script), str(cfg), str(out), "--lazy-unpickle",
+                        "--no-copy-tokenizer"],
+                       capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    dt = time.perf_counter() - t0
+    if p.returncode != 0:
+        return {"error": ([ln for ln in p.stderr.strip().splitlines()[:-1] if ln.strip()] or ["?"])[-1][:300]}
+    peak_kb = int(p.stderr.strip().splitlines()[-1])
+    nbytes = sum(f.stat().st_size for d in [base] + models for f in Path(d).glob("*.safetensors"))
+    res = {"seconds": round(dt, 2), "gb_per_s": round(nbytes / 1e9 / dt, 3), "peak_rss_gb": round(peak_kb * 1024 / 1e9, 3),
+           "output": str(out)}
+    return res
+
+
+def _compare_mergekit(folder: Path, n: int, method: str, mk_out: Path) -> dict:
+    """Our merge (same method, density 0.2) against mergekit's output: max |difference| and fraction differing."""
+
+    from icmltools.merge import engine as E
+    from icmltools.taskvec import open_checkpoint
+
+    base_p, model_ps = _paths(folder, "hf", n)
+    ours = folder / f"ours_{method}.safetensors"
+    E.merge_to_checkpoint(open_checkpoint(base_p), [open_checkpoint(p) for p in model_ps],
+                          E.make_plan(method, n, densities=[0.2] if method == "ties" else None), 1.0, ours)
+    a, b = open_checkpoint(ours), open_checkpoint(mk_out)
+    worst, differ, total = 0.0, 0, 0
+    for k in a.keys():
+        x, y = a.get(k).float(), b.get(k).float()
+        worst = max(worst, float((x - y).abs().max()))
+        differ += int((x != y).sum())
+        total += x.numel()
+    ours.unlink()
+    return {"max_abs_diff": worst, "fraction_differing": differ / total}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=1.0, help="size of each model in GB (bf16)")
+    ap.add_argument("--n", type=int, default=4, help="models besides the base")
+    ap.add_argument("--methods", default=",".join(METHODS))
+    ap.add_argument("--formats", default="safetensors,hf")
+    ap.add_argument("--tmp", default=None, help="folder for the generated models (default: a temp dir)")
+    ap.add_argument("--mergekit", default=None, metavar="PYTHON", help="python of a venv with mergekit 0.1.5")
+    ap.add_argument("--child", nargs=4, metavar=("MODE", "FOLDER", "FMT", "N"), help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        mode, folder, fmt, n = a.child
+        if mode == "generate":
+            print(json.dumps(generate(Path(folder), float(fmt), int(n))))
+        else:
+            print(json.dumps(child(mode, Path(folder), fmt, int(n))))
+        return
+    folder = Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
+    doc: dict = {"gb": a.gb, "n_models": a.n, "threads": 1, "targets": {"peak_rss_gb_below": RSS_TARGET_GB,
+                                                                         "ratio_to_read_at_least": RATIO_TARGET}}
+    try:
+        t0 = time.perf_counter()
+        doc["layout"] = _run_child(["generate", str(folder), str(a.gb), str(a.n)])
+        doc["generate_seconds"] = round(time.perf_counter() - t0, 1)
+        doc["results"] = {fmt: _measure_format(folder, fmt, a) for fmt in a.formats.split(",")}
+        if a.mergekit:
+            doc["mergekit"] = _mergekit_all(a.mergekit, folder, a.n, doc["results"].get("hf", {}))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(doc, indent=1))
+
+
+def _measure_format(folder: Path, fmt: str, a) -> dict:
+    read = _run_child(["read", str(folder), fmt, str(a.n)])
+    rows = {"read": read}
+    for m in a.methods.split(","):
+        r = _run_child([m, str(folder), fmt, str(a.n)])
+        if "gb_per_s" in r and "gb_per_s" in read:
+            r["ratio_to_read"] = round(r["gb_per_s"] / read["gb_per_s"], 3)
+            r["rss_ok"] = r["peak_rss_gb"] < RSS_TARGET_GB
+            r["ratio_ok"] = r["ratio_to_read"] >= RATIO_TARGET
+        rows[m] = r
+        print(f"{fmt} {m}: {r}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _mergekit_all(python: str, folder: Path, n: int, ours: dict) -> dict:
+    out = {}
+    for m in ("task_arithmetic", "ties"):
+        r = mergekit(python, folder, n, m)
+        if "output" in r:
+            mk_out = Path(r.pop("output"))
+            r["vs_ours"] = _compare_mergekit(folder, n, m, mk_out)
+            shutil.rmtree(mk_out, ignore_errors=True)
+            if m in ours and "gb_per_s" in ours[m]:
+                r["ours_speedup"] = round(ours[m]["gb_per_s"] / r["gb_per_s"], 2)
+                r["ours_rss_ratio"] = round(ours[m]["peak_rss_total_gb"] / r["peak_rss_gb"], 2)  # both whole-process
+        out[m] = r
+        print(f"mergekit {m}: {r}", file=sys.stderr, flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
