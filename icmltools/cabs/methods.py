@@ -125,7 +125,8 @@ class CAMagnitude(_Pruned):
     threshold, x = tau_k zeroed where earlier models kept, threshold = sorted |x|[int((1 - d_k) * numel)].
 
     The thresholds need whole tensors: :meth:`scan` sees each model's task vector in order and keeps a
-    whole-tensor ``taken`` while finding them; the chunks then rebuild each mask from its threshold."""
+    whole-tensor ``taken`` while finding them; the chunks then rebuild each mask from its threshold (for a
+    tensor of one chunk the engine interleaves scan(i) and add(i): the same masks)."""
 
     name = "ca_magnitude"
     reference = REFERENCE + ", CA ablation with magnitude pruning (RoBERTa code)"
@@ -150,7 +151,6 @@ class CAMagnitude(_Pruned):
 
         if k == 0:
             st.taken.zero_()
-            st.scan_taken = None   # the thresholds are known: the whole-tensor mask is no longer needed
         thr = st.thr[i]
         if thr is None:
             mask = torch.zeros(tau.shape, dtype=torch.bool, device=tau.device)
