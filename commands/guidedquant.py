@@ -18,9 +18,10 @@ EPILOG = """Examples:
 """
 
 
-@common.command("guidedquant", epilog=EPILOG)
+@common.command("guidedquant", param_flags={"model": "--model"}, epilog=EPILOG)
 @click.option("--model", "model_dir", type=click.Path(), default=None,
-              help="An icml fope-train checkpoint folder (default: train the demo LM in-process).")
+              help="An icml fope-train checkpoint folder, or a Hugging Face causal-LM folder (llama, mistral, qwen2, "
+                   "gpt2; needs the hf extra; local files only) [default: train the demo LM in-process].")
 @click.option("--calib", type=click.Path(), default=None,
               help="UTF-8 text for calibration (first 90 %) and evaluation (last 10 %); default: the stdlib corpus.")
 @click.option("--methods", type=common.CommaList(options.METHODS, allow_all=True), default=",".join(options.METHODS),

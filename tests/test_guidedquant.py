@@ -61,6 +61,39 @@ def test_p_step_equals_official_lazy_block_and_plain_sweep():
     assert torch.equal(ours, official)
     assert (ours.numpy() == plain).all()
     assert (ours != labels).any()                           # the sweep did something
+    for block, inner in ((128, 8), (64, 16), (300, 300), (7, 3)):  # sub-block sizes change no label
+        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=2, block=block, inner=inner), official)
+    assert torch.equal(q._p_step_torch(W, H, labels, C, 2, 128), official)   # the accelerator sweep
+
+
+def test_p_step_after_a_c_step_sweeps_only_moving_rows():
+    """As inside LNQ (after a C-step) few labels move: later cycles sweep only the rows that changed in the
+    previous one, and stop when none did; the labels are still the official sweep's."""
+    W, H, F, labels, C = _problem(d_out=48, d_in=300, G=2, K=4, tokens=3000)
+    C = q.c_step(W, H, labels, 4)
+    official = {3: _official_lazy_p_step(W, H, labels, C, cd_cycles=3)}   # a sweep starts from the labels only
+    for c, prev, n in ((4, 3, 1), (6, 4, 2), (8, 6, 2), (9, 8, 1)):
+        official[c] = _official_lazy_p_step(W, H, official[prev], C, cd_cycles=n)
+    moved = (official[3] != official[4]).any(1)
+    assert moved.any() and not moved.all()                 # cycle 4 moves some rows only (measured 22 of 48)
+    assert torch.equal(official[8], official[9])           # converged by cycle 8
+    for cycles, ref in ((4, 4), (6, 6), (10, 8)):
+        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=cycles), official[ref])
+
+
+def test_p_step_repeated_and_unsorted_codewords():
+    """Codebooks with repeated values (unused codewords become 0 after a C-step) and in no order: the
+    midpoint search returns what argmin's first-on-ties gives."""
+    W, H, F, labels, C = _problem(d_out=16, d_in=150, G=2, K=8)
+    C = C[:, torch.randperm(8, generator=torch.Generator().manual_seed(5))].clone()
+    C[:, 2] = 0.0
+    C[:, 6] = 0.0
+    C[::3, 4] = C[::3, 1]
+    labels = q._nearest(W, C.unsqueeze(1).expand(-1, W.shape[1], -1))
+    ours = q.p_step(W, H, labels, C, cd_cycles=3, block=64, inner=8)
+    assert torch.equal(ours, _official_lazy_p_step(W, H, labels, C, cd_cycles=3))
+    assert not bool((ours == 6).any()) and not bool((ours[::3] == 4).any())  # a repeat takes its first index
+    assert bool((ours == 2).any()) and bool((ours[::3] == 1).any())
 
 
 def test_p_step_is_an_exact_coordinate_minimisation():
@@ -194,7 +227,11 @@ def test_damping_and_not_pd_names_the_layer():
 
 
 def test_groups_and_bits_per_weight():
+    from icmltools.guidedquant.stats import layer_groups
+
     assert q.effective_groups(384, 4) == 4 and q.effective_groups(6, 4) == 3 and q.effective_groups(7, 4) == 1
+    # fused projections (q, k, v in one Linear): G groups per projection, so none straddles two of them
+    assert layer_groups(384, 4, 3) == 12 and layer_groups(1024, 4, 2) == 8 and layer_groups(30, 4, 3) == 6
     assert q.bits_per_weight(2, 4096, uniform=False) == pytest.approx(2 + 64 / 4096)
     assert q.bits_per_weight(3, 128, uniform=True) == 3.25
 
@@ -263,6 +300,9 @@ def test_pipeline_all_methods_on_checkpoint(ckpt, calib_text):
             if tr:
                 assert all(b <= a for a, b in zip(tr, tr[1:]))
     by = {(r["method"], r["bits"]): r for r in res["runs"]}
+    # qkv (48 rows = q, k, v) and gate_up (128 rows = gate, up): 4 saliency groups per projection
+    assert [lay["groups"] for lay in by["lnq_guided", 2]["layers"]] == [12, 4, 8, 4]
+    assert [lay["groups"] for lay in by["lnq", 2]["layers"]] == [1, 1, 1, 1]
     for m in METHODS:                                       # 4 bits: a smaller layer objective than 2 bits
         for l2, l4 in zip(by[m, 2]["layers"], by[m, 4]["layers"]):
             assert l4["objective"] < l2["objective"], (m, l2["name"])
@@ -300,7 +340,8 @@ def test_cli_writes_quantized_and_dequantized(run_cli, ckpt, calib_text, tmp_pat
     assert torch.equal(model.blocks[0].attn.qkv.weight, torch.gather(cb.float(), 1, idx.long()))
 
 
-HF_CONFIG = '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'
+HF_CONFIG = '{"model_type": "bert", "architectures": ["BertForMaskedLM"]}'
+HF_LLAMA = '{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}'
 
 
 def _make_inputs(tmp: Path, ckpt: Path):
@@ -310,6 +351,8 @@ def _make_inputs(tmp: Path, ckpt: Path):
 
     (tmp / "hf").mkdir()
     (tmp / "hf" / "config.json").write_text(HF_CONFIG)
+    (tmp / "hf_notok").mkdir()
+    (tmp / "hf_notok" / "config.json").write_text(HF_LLAMA)
     (tmp / "short.txt").write_text("x = 1\n" * 3)
     for name, edit in (("dead", lambda s: s["blocks.0.attn_norm.weight"].zero_()),
                        ("huge", lambda s: s["head.weight"].fill_(3e38))):
@@ -325,7 +368,9 @@ BAD_INPUTS = [
     (["--bits", "2.5"], 2, "--bits"),
     (["--bits", "0"], 2, "--bits"),
     (["--model", "{tmp}/nope"], 2, "no such folder"),
-    (["--model", "{tmp}/hf"], 2, "unsupported architecture LlamaForCausalLM"),
+    (["--model", "{tmp}/hf"], 2, "--model: {tmp}/hf: unsupported architecture BertForMaskedLM (supported: Hugging Face "
+     "causal LMs of type llama, mistral, qwen2, gpt2)"),
+    (["--model", "{tmp}/hf_notok"], 2, "no tokenizer in the folder"),
     (["--model", "{ckpt}", "--calib", "{tmp}/short.txt", *SMALL_ARGS], 2, "shorter than one window"),
     (["--model", "{tmp}/dead", "--methods", "lnq", "--calib", "{calib}", *SMALL_ARGS], 2,
      "layer blocks.0.attn.qkv: Hessian of group 0 is not positive definite"),
@@ -349,7 +394,92 @@ def test_bad_inputs(argv, code, needle, ckpt, calib_text, tmp_path, monkeypatch,
     before = check_bad_input.snapshot(tmp_path)
     args = [a.format(tmp=tmp_path, ckpt=ckpt, calib=calib_text) for a in argv]
     res = CliRunner().invoke(cli, ["guidedquant", "--threads", "1", *args, "--out", str(tmp_path / "o")])
-    check_bad_input(res, code, needle, root=tmp_path, before=before)
+    check_bad_input(res, code, needle.format(tmp=tmp_path), root=tmp_path, before=before)
+
+
+# --------------------------------------------------------------------------------------------- Hugging Face
+
+
+def _hf_folder(root: Path, kind: str, text: str) -> Path:
+    """A tiny causal LM of `kind` (llama or gpt2) with a byte-level BPE tokenizer trained on `text`, trained for
+    150 steps so that quantization shows in the loss, saved with save_pretrained (nothing is downloaded)."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=200,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok)
+    V = len(fast)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        if kind == "llama":
+            model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False))
+        else:
+            model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4,
+                                                                         n_positions=64, bos_token_id=0,
+                                                                         eos_token_id=0))
+        ids = torch.tensor(fast(text)["input_ids"])
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(150):
+            w = torch.stack([ids[s:s + 33] for s in torch.randint(0, ids.numel() - 33, (8,)).tolist()])
+            loss = torch.nn.functional.cross_entropy(model(input_ids=w[:, :-1]).logits.reshape(-1, V),
+                                                     w[:, 1:].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    out = root / kind
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+HF_ARGS = ["--bits", "2", "--calib-seqs", "16", "--eval-seqs", "16", "--seq-len", "32"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_hf_causal_lm(kind, run_cli, calib_text, tmp_path):
+    """A Hugging Face folder: quantized through transformers (local files), rtn worst at 2 bits, the
+    dequantized folder loads with from_pretrained and gives the reported loss; GPT-2's Conv1D weights are
+    quantized as W = weight^T and written back transposed."""
+    import transformers
+    from safetensors import safe_open
+
+    from icmltools.guidedquant import hf, models, stats
+
+    src = _hf_folder(tmp_path, kind, calib_text.read_text())
+    _, doc = run_cli(["guidedquant", "-q", "--threads", "1", "--model", str(src), "--calib", str(calib_text),
+                      "--methods", "lnq_guided,gptq,rtn", *HF_ARGS])
+    res = doc["result"]
+    d = {r["method"]: r["delta_loss"] for r in res["runs"]}
+    assert res["model"]["format"] == "hf" and res["model"]["model_type"] == kind
+    assert all(r["monotone"] and r["end_loss"] == r["end_loss"] for r in res["runs"])
+    assert d["rtn"] > max(d["lnq_guided"], d["gptq"]) > 0, d  # measured: llama .027 > .010, gpt2 .041 > .003
+    layers = res["runs"][0]["layers"]
+    assert len(layers) == (14 if kind == "llama" else 8)
+    assert layers[0]["groups"] == (4 if kind == "llama" else 12)          # c_attn fuses q, k, v: 4 groups each
+
+    out, deq = tmp_path / "gq", tmp_path / "deq"
+    _, doc = run_cli(["guidedquant", "-q", "--threads", "1", "--model", str(src), "--calib", str(calib_text),
+                      "--methods", "lnq_guided", *HF_ARGS, "--out", str(out), "--dequant-out", str(deq)])
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(deq), local_files_only=True)
+    tok = transformers.AutoTokenizer.from_pretrained(str(deq), local_files_only=True)
+    adapter = hf.HFAdapter(model.float().eval(), tok, deq, kind)
+    data = adapter.prepare_data(models.load_calib(calib_text))
+    _, eval_w = models.windows(data, CalibConfig(calib_seqs=16, eval_seqs=16, seq_len=32), 0)
+    loss = stats.eval_loss(adapter, eval_w, "cpu")
+    assert loss == pytest.approx(doc["result"]["runs"][0]["end_loss"], rel=1e-5)
+    q = adapter.layers()[0]
+    with safe_open(str(out / "quantized_lnq_guided_2bit.safetensors"), "pt") as fh:
+        cb, idx = fh.get_tensor(f"{q.name}.codebook"), fh.get_tensor(f"{q.name}.indices")
+        assert (fh.metadata().get("transposed_in_model") is not None) == (kind == "gpt2")
+    assert torch.equal(q.W, torch.gather(cb.float(), 1, idx.long()))
+    assert torch.equal(q.module.weight, q.W.T if kind == "gpt2" else q.W)
 
 
 def test_help_has_examples_and_lists_methods(run_cli):
@@ -366,19 +496,17 @@ def test_help_has_examples_and_lists_methods(run_cli):
 
 @pytest.mark.slow
 def test_demo_orderings_seeds_0_to_2():
-    """The issue's acceptance at 2 bits: lnq, lnq_guided, gptq each below sqllm below rtn on every seed.
-    lnq_guided <= lnq holds on seeds 0 and 2 and on the mean over seeds; on seed 1 it is a tie within 1e-4
-    (lnq_guided .0149 vs lnq .0148, Python 3.11): asserted on the mean, reported in docs/guidedquant.md."""
+    """The issue's acceptance at 2 bits, on every seed: lnq_guided <= lnq; lnq, lnq_guided, gptq each below sqllm
+    below rtn. Measured (Python 3.11, one thread): lnq_guided .0107/.0143/.0101 vs lnq .0134/.0148/.0122; the
+    seed-1 margin is .0005."""
     from icmltools.guidedquant import api
     from icmltools.guidedquant.options import QuantConfig
 
-    gaps = []
     for seed in range(3):
         res, _ = api.run(qcfg=QuantConfig(), seed=seed)
         d = {r["method"]: r["delta_loss"] for r in res["runs"]}
         assert res["runs"][0]["bits"] == 2
+        assert d["lnq_guided"] <= d["lnq"], (seed, d)
         for m in ("lnq", "lnq_guided", "gptq"):
             assert d[m] < d["sqllm"] < d["rtn"], (seed, d)
         assert all(r["monotone"] for r in res["runs"])
-        gaps.append(d["lnq"] - d["lnq_guided"])
-    assert sum(gaps) / 3 > 0, gaps

@@ -1,8 +1,9 @@
 """What `icml guidedquant` calls: quantize a model with every method on the same calibration statistics,
 evaluate the end loss of each, and write the quantized / dequantized checkpoints all or none.
 
-Pipeline: model (fope-train checkpoint, or the demo trained in-process) -> windows -> FP loss -> one
-saliency/Fisher pass -> per block: H_g, then every method x bit width on its Linears -> end losses.
+Pipeline: model (fope-train checkpoint, Hugging Face causal LM, or the demo trained in-process; seen through
+an `adapters.Adapter`) -> windows -> FP loss -> one saliency/Fisher pass -> per block: H_g, then every
+method x bit width on its Linears -> end losses.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from icmltools.core.errors import BadInputError, RuntimeFailure
 
 from . import methods as M
 from . import models, stats
+from .adapters import DecoderAdapter
 from .options import BITS_RANGE, DEFAULT_BITS, METHODS, NON_UNIFORM, CalibConfig, DemoConfig, QuantConfig
 from .quant import bits_per_weight
 
@@ -48,14 +50,15 @@ def validate(qcfg: QuantConfig, ccfg: CalibConfig) -> None:
             raise BadInputError(f"must be at least 1, got {getattr(ccfg, name)}", param=name)
 
 
-def _quantize_all(model, calib_w, qcfg: QuantConfig, ccfg: CalibConfig, device: str, progress) -> tuple[dict, float]:
+def _quantize_all(adapter, calib_w, qcfg: QuantConfig, ccfg: CalibConfig, device: str, progress
+                  ) -> tuple[dict, float]:
     """Every (method, bits) on every quantized Linear: {(method, bits): {layer: output}}, calibration loss."""
-    S, Fd, calib_loss = stats.saliency_pass(model, calib_w, qcfg.groups, device, ccfg.chunk, qcfg.grad_scale,
+    S, Fd, calib_loss = stats.saliency_pass(adapter, calib_w, qcfg.groups, device, ccfg.chunk, qcfg.grad_scale,
                                             progress)
     runs = {(m, b): {} for m in qcfg.methods for b in qcfg.bits}
-    n_layers = len(stats.quantized_layers(model))
+    n_layers = len(adapter.layers())
     done = 0
-    for block in stats.block_hessians(model, calib_w, S, Fd, device, ccfg.chunk):
+    for block in stats.block_hessians(adapter, calib_w, S, Fd, device, ccfg.chunk):
         for ls in block:
             cache: dict = {}
             for (m, b), layers in runs.items():
@@ -67,16 +70,6 @@ def _quantize_all(model, calib_w, qcfg: QuantConfig, ccfg: CalibConfig, device: 
             done += 1
             progress("quantizing layers", done, n_layers)
     return runs, calib_loss
-
-
-def _with_weights(model, layers: dict):
-    """A copy of `model` whose quantized Linears hold the dequantized weights."""
-    import copy
-
-    qm = copy.deepcopy(model)
-    for name, out in layers.items():
-        qm.get_submodule(name).weight.data.copy_(out["W_hat"].to(qm.get_submodule(name).weight.dtype))
-    return qm
 
 
 def _run_row(method: str, bits: int, layers: dict, end_loss: float, fp_loss: float) -> dict:
@@ -95,18 +88,21 @@ def _check_finite(x: float, what: str) -> float:
     return x
 
 
-def quantize(model, data, qcfg: QuantConfig, ccfg: CalibConfig, device: str, seed: int = 0,
+def quantize(adapter, data, qcfg: QuantConfig, ccfg: CalibConfig, device: str, seed: int = 0,
              progress=lambda *a: None) -> tuple[dict, dict]:
     """Run every method and bit width; returns (result dict, {(method, bits): layer outputs})."""
     validate(qcfg, ccfg)
+    max_len = getattr(adapter, "max_len", None)
+    if max_len and ccfg.seq_len > max_len:
+        raise BadInputError(f"must be at most the model's {max_len} positions, got {ccfg.seq_len}", param="seq_len")
     calib_w, eval_w = models.windows(data, ccfg, seed)
-    runs, calib_loss = _quantize_all(model, calib_w, qcfg, ccfg, device, progress)  # refuses NaN gradients first
-    fp_loss = stats.eval_loss(model, eval_w, device, ccfg.chunk)
+    runs, calib_loss = _quantize_all(adapter, calib_w, qcfg, ccfg, device, progress)  # refuses NaN gradients first
+    fp_loss = stats.eval_loss(adapter, eval_w, device, ccfg.chunk)
     if not torch.isfinite(torch.tensor(fp_loss)):
         raise BadInputError("the model's validation loss is not finite", param="model")
     rows = []
     for (m, b), layers in runs.items():
-        end = _check_finite(stats.eval_loss(_with_weights(model, layers), eval_w, device, ccfg.chunk),
+        end = _check_finite(stats.eval_loss(adapter.with_weights(layers), eval_w, device, ccfg.chunk),
                             f"the {m} {b}-bit loss")
         rows.append(_run_row(m, b, layers, end, fp_loss))
     calib = {"source": data.info.get("source"), "sha256": data.info.get("sha256"), "calib_seqs": ccfg.calib_seqs,
@@ -122,48 +118,47 @@ def output_name(method: str, bits: int) -> str:
     return f"quantized_{method}_{bits}bit.safetensors"
 
 
-def _quantized_tensors(model, layers: dict) -> dict:
+def _quantized_tensors(adapter, layers: dict) -> dict:
+    """The checkpoint's tensors with each quantized weight replaced by its stored tensors (always for W as
+    (d_out, d_in), also where the module keeps the transpose); every tensor its own copy."""
     out = {}
-    for name, t in model.state_dict().items():
+    for name, t in adapter.state_dict().items():
         base = name[:-len(".weight")] if name.endswith(".weight") else None
         if base in layers:
             for suffix, v in layers[base]["tensors"].items():
                 out[f"{base}.{suffix}"] = v.detach().cpu().contiguous()
         else:
-            out[name] = t.detach().cpu().contiguous()
+            out[name] = t.clone()
     return out
 
 
-def write_outputs(model, runs: dict, result: dict, out_dir=None, dequant_out=None, source_dir=None) -> dict:
-    """`quantized_<method>_<b>bit.safetensors` per run under `out_dir`, and `dequant_out` (a folder:
-    `model.safetensors` through the icmltools.taskvec writers, plus the source checkpoint's config.json so
-    fope-train loads it) for the one run. All or none: the quantized files are renamed after the rest is written."""
-    from icmltools.core.jsonio import atomic_path, atomic_write_json
-    from icmltools.taskvec import write_state_dict
+def write_outputs(adapter, runs: dict, result: dict, out_dir=None, dequant_out=None, source_dir=None) -> dict:
+    """`quantized_<method>_<b>bit.safetensors` per run under `out_dir`, and `dequant_out` (a new folder in the
+    input's format: see the adapter's `write_dequantized`) for the one run. All or none: the quantized files
+    are renamed after the rest is written."""
+    from icmltools.core.jsonio import atomic_path
 
     written: dict = {}
     meta = {"format": "icml-guidedquant", "calib_sha256": str(result["calib"]["sha256"]),
+            "model_format": adapter.kind,
             **{k: str(v) for k, v in result["config"].items() if k in ("groups", "iters", "cd_cycles")}}
+    transposed = [q.name for q in adapter.layers() if q.transposed]
+    if transposed:
+        meta["transposed_in_model"] = ",".join(transposed)
     with contextlib.ExitStack() as stack:
         for (m, b), layers in (runs.items() if out_dir is not None else ()):
             from safetensors.torch import save_file
 
             path = Path(out_dir) / output_name(m, b)
             tmp = stack.enter_context(atomic_path(path, suffix=".tmp.safetensors"))
-            save_file(_quantized_tensors(model, layers), str(tmp), metadata={**meta, "method": m, "bits": str(b)})
+            save_file(_quantized_tensors(adapter, layers), str(tmp), metadata={**meta, "method": m, "bits": str(b)})
             written[f"{m}_{b}bit"] = str(path)
         if dequant_out is not None:
             (m, b), layers = next(iter(runs.items()))
             d = Path(dequant_out)
             if d.exists() and (not d.is_dir() or any(d.iterdir())):
                 raise BadInputError(f"{d}: exists and is not an empty folder", param="dequant_out")
-            state = {k: v.detach().cpu().contiguous() for k, v in _with_weights(model, layers).state_dict().items()}
-            if model.head is not None and model.cfg.tie_weights:
-                state.pop("head.weight", None)
-            write_state_dict(state, d / "model.safetensors", record={"method": m, "bits": b, **meta})
-            if source_dir is not None and (Path(source_dir) / "config.json").is_file():
-                cfg_doc = __import__("json").loads((Path(source_dir) / "config.json").read_text())
-                atomic_write_json(d / "config.json", cfg_doc)
+            adapter.with_weights(layers).write_dequantized(d, {"method": m, "bits": b, **meta}, source_dir)
             written["dequantized"] = str(d)
     return written
 
@@ -178,13 +173,14 @@ def run(model_dir=None, calib=None, qcfg: QuantConfig | None = None, ccfg: Calib
     data = models.load_calib(calib)
     if model_dir is None:
         t0 = time.perf_counter()
-        model = models.train_demo(data, dcfg, seed, device, progress)
+        adapter = DecoderAdapter(models.train_demo(data, dcfg, seed, device, progress))
         src = {"source": "demo", "train_s": round(time.perf_counter() - t0, 2), "config": asdict(dcfg)}
     else:
-        model, src = models.load_model(model_dir, device)
-    result, runs = quantize(model, data, qcfg, ccfg, device, seed, progress)
+        adapter, src = models.load_model(model_dir, device)
+        data = adapter.prepare_data(data)
+    result, runs = quantize(adapter, data, qcfg, ccfg, device, seed, progress)
     result = {"model": src, **result}
-    written = write_outputs(model, runs, result, out_dir, dequant_out, model_dir)
+    written = write_outputs(adapter, runs, result, out_dir, dequant_out, model_dir)
     return result, written
 
 

@@ -1,5 +1,6 @@
 """Models and data for guidedquant: an `icml fope-train` checkpoint (loaded only through icmltools.fope's
-public loader) or the embedded demo LM trained in-process; byte-level calibration/evaluation windows.
+public loader), a Hugging Face causal-LM folder (`hf`, optional transformers) or the embedded demo LM trained
+in-process; calibration/evaluation windows of tokens (bytes for the byte-level models).
 
 Random streams: `(seed, "demo", "init")` demo weights, `(seed, "demo", "batches")` its training batches,
 `(seed, "calib")` calibration window starts. Evaluation windows are evenly spaced (no randomness).
@@ -17,6 +18,7 @@ from icmltools.core.errors import BadInputError
 from icmltools.core.seed import derive
 from icmltools.nn import DecoderStack, RotaryEmbedding, TransformerConfig
 
+from .adapters import DecoderAdapter
 from .options import CalibConfig, DemoConfig
 
 
@@ -24,8 +26,8 @@ def _folder_kind(path: Path) -> str:
     """'fope' for an icml fope-train checkpoint folder, 'hf' for a Hugging Face model folder."""
     cfg = path / "config.json"
     if not path.is_dir() or not cfg.is_file():
-        raise BadInputError(f"{path}: not a model folder (expected a fope-train checkpoint folder with config.json)",
-                            param="model")
+        raise BadInputError(f"{path}: not a model folder (expected a fope-train checkpoint folder or a Hugging Face "
+                            "model folder, with config.json)", param="model")
     try:
         doc = json.loads(cfg.read_text())
     except (ValueError, UnicodeDecodeError, OSError) as e:
@@ -35,16 +37,16 @@ def _folder_kind(path: Path) -> str:
     return "fope"
 
 
-def load_model(path, device: str) -> tuple[DecoderStack, dict]:
-    """(model, description) of a fope-train checkpoint folder; other architectures are refused."""
+def load_model(path, device: str):
+    """(adapter, description) of a fope-train checkpoint folder or a Hugging Face causal-LM folder (`hf.load`);
+    other architectures are refused."""
     p = Path(path)
     if not p.exists():
         raise BadInputError(f"{p}: no such folder", param="model")
     if _folder_kind(p) == "hf":
-        doc = json.loads((p / "config.json").read_text())
-        arch = ",".join(doc.get("architectures") or [str(doc.get("model_type"))])
-        raise BadInputError(f"{p}: unsupported architecture {arch} (Hugging Face models are not supported yet; "
-                            "give an icml fope-train checkpoint folder)", param="model")
+        from . import hf
+
+        return hf.load(p, device)
     from icmltools.fope.ckpt import load_checkpoint
 
     model, meta = load_checkpoint(p, device=device, param="model")
@@ -52,8 +54,8 @@ def load_model(path, device: str) -> tuple[DecoderStack, dict]:
         raise BadInputError(f"{p}: unsupported architecture (a {meta.get('run', {}).get('task')} checkpoint; "
                             "only byte-level text LMs are supported)", param="model")
     model.float().eval()
-    return model, {"source": str(p), "pe": meta.get("pe"), "format": "icml-fope-train",
-                   "params": model.num_params(), "trained_on": (meta.get("data") or {}).get("sha256")}
+    return DecoderAdapter(model), {"source": str(p), "pe": meta.get("pe"), "format": "icml-fope-train",
+                                   "params": model.num_params(), "trained_on": (meta.get("data") or {}).get("sha256")}
 
 
 def load_calib(calib) -> "object":
@@ -73,10 +75,11 @@ def windows(data, ccfg: CalibConfig, seed: int) -> tuple[torch.Tensor, torch.Ten
     each (n, seq_len + 1) int64. A split shorter than one window is refused."""
     L = ccfg.seq_len
     name = str(data.info.get("source")) if data.info.get("source") not in (None, "python-stdlib") else "default corpus"
+    unit = data.info.get("unit", "bytes")
     for split, what in ((data.train, "calibration"), (data.val, "evaluation")):
         if split.size < L + 1:
-            raise BadInputError(f"{name}: the {what} part ({split.size} bytes) is shorter than one window of "
-                                f"{L + 1} bytes", param="calib", hint="use a shorter --seq-len or a longer text")
+            raise BadInputError(f"{name}: the {what} part ({split.size} {unit}) is shorter than one window of "
+                                f"{L + 1} {unit}", param="calib", hint="use a shorter --seq-len or a longer text")
     starts = derive(seed, "calib").numpy().integers(0, data.train.size - L, size=ccfg.calib_seqs)
     ev = np.linspace(0, data.val.size - L - 1, num=ccfg.eval_seqs).astype(np.int64)
     idx = np.arange(L + 1)[None]

@@ -65,11 +65,126 @@ def _nearest(t: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
 
 
 def p_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cd_cycles: int = 4,
-           block: int = 128) -> torch.Tensor:
+           block: int = 128, inner: int = 8, HT=None) -> torch.Tensor:
     """LNQ P-step (Alg. 1, official `update_P`): `cd_cycles` sweeps of exact coordinate minimisation over the
     columns j = 0..d_in-1, all rows at once: t = w_j - sum_{k != j} (w_hat_k - w_k) Hn[k, j] with
-    Hn = H_g / diag(H_g) per column, w_hat_j = nearest codeword. Lazy blocks of `block` columns: the
-    contributions of the other columns come from one matmul per block, those inside it are added as it goes."""
+    Hn = H_g / diag(H_g) per column, w_hat_j = nearest codeword. Lazy blocks of `block` columns (GPTQ-style):
+    the other columns' contributions to a block come from one matmul; inside it, columns are swept in
+    sub-blocks of `inner`, each column's change added to the rest of its sub-block, and a sub-block's changes
+    pushed to the rest of the block with one matmul. CPU tensors: a numpy sweep (`_p_step_numpy`); other
+    devices: the torch sweep (`_p_step_torch`). Both give the official labels. `HT`: `p_step_matrix(H)` when
+    the caller runs several P-steps on the same H (it does not change across LNQ iterations)."""
+    if W.device.type == "cpu":
+        HT = p_step_matrix(H) if HT is None else HT
+        return torch.from_numpy(_p_step_numpy(W.numpy(), HT, labels.numpy(), C.numpy(), cd_cycles, block, inner))
+    return _p_step_torch(W, H, labels, C, cd_cycles, block)
+
+
+def p_step_matrix(H: torch.Tensor):
+    """HT[g, i, k] = H_g[k, i] / H_g[i, i] for k != i, 0 on the diagonal (numpy, contiguous): row i holds the
+    weights of every column's error in t_i (the transposed column-normalised Hn of `update_P`)."""
+    import numpy as np
+
+    Hn = H.cpu().numpy()
+    diag = np.diagonal(Hn, axis1=1, axis2=2)
+    HT = np.empty_like(Hn)
+    np.divide(Hn.transpose(0, 2, 1), diag[:, :, None], out=HT)
+    HT[:, np.arange(HT.shape[1]), np.arange(HT.shape[1])] = 0
+    return HT
+
+
+def _cols(x, G: int):
+    """(d_out, m) -> (G, m, d_out / G) contiguous: column j of a group's rows is one contiguous vector."""
+    import numpy as np
+
+    return np.ascontiguousarray(x.reshape(G, x.shape[0] // G, x.shape[1]).transpose(0, 2, 1))
+
+
+def _sorted_codebook(C, G: int) -> dict:
+    """Each row's codebook sorted ascending (stable), for the nearest-codeword search by midpoints:
+    `mid` (G, K - 1, gs) the midpoints, `flat`/`base` the sorted values (flat[base + k] = k-th smallest),
+    `rank` original label -> sorted position, `label` sorted position -> original label (a repeated value
+    maps to its first, lowest original index, as argmin's first-on-ties)."""
+    import numpy as np
+
+    d_out, K = C.shape
+    order = np.argsort(C, axis=1, kind="stable")
+    Cs = np.take_along_axis(C, order, 1)
+    label = order.copy()
+    for k in range(1, K):
+        label[:, k] = np.where(Cs[:, k] == Cs[:, k - 1], label[:, k - 1], order[:, k])
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(K), order.shape), 1)
+    return {"mid": _cols((Cs[:, 1:] + Cs[:, :-1]) / 2, G), "flat": Cs.ravel(), "rank": rank, "label": label,
+            "base": (np.arange(d_out) * K).reshape(G, d_out // G)}
+
+
+def _p_step_numpy(W, HT, labels, C, cd_cycles: int, block: int, inner: int):
+    """The P-step on CPU arrays (see `p_step`). Nearest codeword: the number of sorted-codebook midpoints below
+    t (a value exactly on a midpoint goes to the lower codeword); layout (G, column, row) so that every
+    per-column step works on contiguous vectors; the sweep keeps D = W_hat - W current. Rows are independent
+    problems: a row none of whose labels changed during a cycle sees the same t in the next one, so later
+    cycles sweep only the rows that changed (the same labels as sweeping all), and stop when none did."""
+    import numpy as np
+
+    G = HT.shape[0]
+    cb = _sorted_codebook(C, G)
+    cb["mid"] = cb["mid"].astype(W.dtype)
+    Wt = _cols(W, G)
+    S = _cols(np.take_along_axis(cb["rank"], labels, 1), G).astype(np.uint8 if C.shape[1] <= 256 else np.int64)
+    D = cb["flat"][cb["base"][:, None, :] + S] - Wt
+    rows = np.arange(Wt.shape[2])
+    for _ in range(cd_cycles):
+        full = rows.size == Wt.shape[2]
+        if full:
+            sub, Wc, Dc, Sc = cb, Wt, D, S
+        else:                                            # the rows (of every group) still moving
+            sub = {"mid": np.ascontiguousarray(cb["mid"][:, :, rows]), "flat": cb["flat"], "base": cb["base"][:, rows]}
+            Wc, Dc, Sc = (np.ascontiguousarray(x[:, :, rows]) for x in (Wt, D, S))
+        before = Sc.copy()
+        _sweep(Wc, Dc, Sc, HT, sub, block, inner)
+        if not full:
+            D[:, :, rows], S[:, :, rows] = Dc, Sc
+        rows = rows[(Sc != before).any(axis=(0, 1))]
+        if rows.size == 0:
+            break
+    return np.take_along_axis(cb["label"], S.transpose(0, 2, 1).reshape(W.shape).astype(np.int64), 1)
+
+
+def _sweep(Wt, D, S, HT, cb, block: int, inner: int) -> None:
+    """One cycle over the columns in lazy blocks of `block`, each swept in sub-blocks of `inner`."""
+    d = Wt.shape[1]
+    for s in range(0, d, block):
+        e = min(s + block, d)
+        B = HT[:, s:e] @ D                               # (G, e - s, rows): every other column's contribution
+        for a in range(s, e, inner):
+            _sweep_inner(Wt, D, S, B, HT, cb, s, a, min(a + inner, e), e)
+
+
+def _sweep_inner(Wt, D, S, B, HT, cb, s: int, a: int, b: int, e: int) -> None:
+    """Columns a..b-1 of the block starting at s (ending at e), in order; then their changes pushed to
+    columns b..e-1 of the block with one matmul."""
+    import numpy as np
+
+    mid, flat, base = cb["mid"], cb["flat"], cb["base"]
+    delta = np.empty((D.shape[0], b - a, D.shape[2]), dtype=D.dtype)
+    for j in range(a, b):
+        t = Wt[:, j] - B[:, j - s]
+        k = (t[:, None, :] > mid).sum(1, dtype=S.dtype)  # sorted position of the nearest codeword
+        S[:, j] = k
+        dj = flat[base + k] - Wt[:, j]
+        np.subtract(dj, D[:, j], out=delta[:, j - a])
+        D[:, j] = dj
+        if j + 1 < b:
+            B[:, j + 1 - s:b - s] += HT[:, j + 1:b, j, None] * delta[:, j - a, None, :]
+    if b < e:
+        B[:, b - s:] += HT[:, b:e, a:b] @ delta
+
+
+def _p_step_torch(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cd_cycles: int,
+                  block: int) -> torch.Tensor:
+    """The P-step in torch (accelerators: one kernel per step, no host round trips): lazy blocks, each
+    column's change added to the rest of its block."""
     G = H.shape[0]
     d = W.shape[1]
     diag = torch.diagonal(H, dim1=1, dim2=2)
@@ -145,9 +260,10 @@ def lnq(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor,
     best = objective(W, dequant(C, labels), H)
     trace, raw = [best], [best]
     best_lab, best_C = labels, C
+    HT = p_step_matrix(H) if H.device.type == "cpu" and cfg.iters > 1 else None
     for it in range(cfg.iters):
         if it > 0:
-            labels = p_step(W, H, labels, C, cfg.cd_cycles, cfg.block)
+            labels = p_step(W, H, labels, C, cfg.cd_cycles, cfg.block, HT=HT)
             raw.append(objective(W, dequant(C, labels), H))
         C = c_step(W, H, labels, K, cfg.c_reg)
         f = objective(W, dequant(C, labels), H)

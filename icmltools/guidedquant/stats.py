@@ -1,12 +1,14 @@
-"""Calibration statistics of an `icmltools.nn.DecoderStack` for GuidedQuant (one pass over the FP model).
+"""Calibration statistics for GuidedQuant (one pass over the FP model), on any `adapters.Adapter`.
 
 * `saliency_pass`: per calibration sequence n, l_n = its mean token cross-entropy; for every quantized Linear,
   s_{t,g} = mean over the output channels of group g of (1e3 * dl_n/dz_t)^2 (official `gradients.py`: it
   squares, the docstring says abs) and the Fisher diagonal F = sum_n (dl_n/dW)^2 with dl_n/dW = sum_t dz_t x_t^T.
   Sequences do not interact in the model, so a chunk's loss sum_n l_n gives each sequence's own gradients.
-* `block_hessians`: inputs propagated block by block through the FP model (official `activations.py`); for
-  the block's Linears H_g = sum_t s_{t,g} x_t x_t^T (a sum, not a mean) and the plain H = sum_t x_t x_t^T,
-  one block at a time, so memory holds the hidden states and one block's Hessians.
+  G groups per projection: a Linear fusing `parts` projections (q, k, v) gets parts x G groups, as the
+  official code, which quantizes each projection as its own Linear with G groups.
+* `block_hessians`: each block's Linears fed their inputs from the FP model (official `activations.py`); for
+  them H_g = sum_t s_{t,g} x_t x_t^T (a sum, not a mean) and the plain H = sum_t x_t x_t^T, one block at a
+  time, so memory holds one block's Hessians.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch.nn.functional as F
 
 from icmltools.core.errors import BadInputError
 
-from .options import LAYER_NAMES
+from .adapters import QLayer
 from .quant import effective_groups
 
 
@@ -32,9 +34,10 @@ class LayerStats:
     groups: int              # G used for this layer (largest divisor of d_out <= the requested G)
 
 
-def quantized_layers(model) -> list[tuple[str, torch.nn.Linear]]:
-    """(name, module) of the Linears quantized in every block, in forward order."""
-    return [(f"blocks.{i}.{n}", block.get_submodule(n)) for i, block in enumerate(model.blocks) for n in LAYER_NAMES]
+def layer_groups(d_out: int, groups: int, parts: int = 1) -> int:
+    """Saliency groups of a layer whose d_out rows fuse `parts` equal projections: G per projection (the
+    largest divisor of d_out / parts not above `groups`), contiguous, so no group straddles two projections."""
+    return parts * effective_groups(d_out // parts, groups)
 
 
 def guided_hessian(X: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
@@ -42,29 +45,29 @@ def guided_hessian(X: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     return torch.stack([(X * S[:, g:g + 1]).T @ X for g in range(S.shape[1])])
 
 
-def seq_losses(model, windows: torch.Tensor) -> torch.Tensor:
-    """Mean token cross-entropy of each window (windows: (N, T + 1) bytes; inputs then shifted targets)."""
-    logits = model(windows[:, :-1])
+def seq_losses(adapter, windows: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of each window (windows: (N, T + 1) tokens; inputs then shifted targets)."""
+    logits = adapter.logits(windows[:, :-1])
     ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1), reduction="none")
     return ce.view(windows.shape[0], -1).mean(1)
 
 
 @torch.no_grad()
-def eval_loss(model, windows: torch.Tensor, device: str, chunk: int = 16) -> float:
-    """Mean over windows of the mean token cross-entropy (nats/byte)."""
+def eval_loss(adapter, windows: torch.Tensor, device: str, chunk: int = 16) -> float:
+    """Mean over windows of the mean token cross-entropy (nats per token: per byte for a byte-level model)."""
     tot = 0.0
     for i in range(0, windows.shape[0], chunk):
-        tot += float(seq_losses(model, windows[i:i + chunk].to(device)).sum())
+        tot += float(seq_losses(adapter, windows[i:i + chunk].to(device)).sum())
     return tot / windows.shape[0]
 
 
 class _Capture:
     """Forward hooks keeping each Linear's input and a tensor hook keeping the gradient of its output."""
 
-    def __init__(self, layers):
+    def __init__(self, layers: list[QLayer]):
         self.x: dict = {}
         self.dz: dict = {}
-        self.handles = [m.register_forward_hook(self._hook(name)) for name, m in layers]
+        self.handles = [q.module.register_forward_hook(self._hook(q.name)) for q in layers]
 
     def _hook(self, name):
         def fwd(mod, inp, out):
@@ -77,13 +80,14 @@ class _Capture:
             h.remove()
 
 
-def saliency_pass(model, windows: torch.Tensor, groups: int, device: str, chunk: int = 16,
+def saliency_pass(adapter, windows: torch.Tensor, groups: int, device: str, chunk: int = 16,
                   grad_scale: float = 1e3, progress: Callable = lambda *a: None) -> tuple[dict, dict, float]:
     """Saliencies s (tokens x G per layer, Eq. 7 of the paper) and Fisher diagonals F, from the per-sequence
     losses of the FP model; also returns the mean calibration loss. NaN/inf gradients are refused."""
-    layers = quantized_layers(model)
-    S = {n: [] for n, _ in layers}
-    Fd = {n: torch.zeros_like(m.weight, dtype=torch.float32) for n, m in layers}
+    model = adapter.model
+    layers = adapter.layers()
+    S = {q.name: [] for q in layers}
+    Fd = {q.name: torch.zeros(q.W.shape, dtype=torch.float32, device=device) for q in layers}
     req = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
@@ -92,14 +96,14 @@ def saliency_pass(model, windows: torch.Tensor, groups: int, device: str, chunk:
     try:
         for i in range(0, windows.shape[0], chunk):
             w = windows[i:i + chunk].to(device)
-            emb = model.embed(w[:, :-1]).detach().requires_grad_(True)
-            logits = model(embeds=emb)
+            emb = adapter.embed(w[:, :-1]).detach().requires_grad_(True)
+            logits = adapter.logits(embeds=emb)
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="none")
             loss_n = ce.view(w.shape[0], -1).mean(1)
             total += float(loss_n.detach().sum())
             loss_n.sum().backward()
-            for name, _ in layers:
-                _accumulate(name, cap.x[name], cap.dz[name], groups, grad_scale, S, Fd)
+            for q in layers:
+                _accumulate(q, cap.x[q.name], cap.dz[q.name], groups, grad_scale, S, Fd)
             progress("calibration: gradients", min(i + chunk, windows.shape[0]), windows.shape[0])
     finally:
         cap.close()
@@ -108,30 +112,35 @@ def saliency_pass(model, windows: torch.Tensor, groups: int, device: str, chunk:
     return {n: torch.cat(v) for n, v in S.items()}, Fd, total / windows.shape[0]
 
 
-def _accumulate(name, x, dz, groups, grad_scale, S, Fd):
+def _accumulate(q: QLayer, x, dz, groups, grad_scale, S, Fd):
     if not bool(torch.isfinite(dz).all()):
-        raise BadInputError(f"layer {name}: the calibration pass gave NaN or inf output gradients", param="calib")
-    n, t, d_out = dz.shape
-    G = effective_groups(d_out, groups)
+        raise BadInputError(f"layer {q.name}: the calibration pass gave NaN or inf output gradients", param="calib")
+    d_out = dz.shape[-1]
+    dz, x = dz.reshape(-1, dz.shape[1], d_out), x.reshape(-1, x.shape[1], x.shape[-1])
+    n, t = dz.shape[:2]
+    G = layer_groups(d_out, groups, q.parts)
     sq = (dz.float() * grad_scale).pow(2).view(n * t, G, d_out // G).mean(-1)
-    S[name].append(sq)
-    gw = torch.einsum("nto,nti->noi", dz.float(), x.float())       # dl_n/dW per sequence
-    Fd[name] += gw.pow(2).sum(0)
+    S[q.name].append(sq)
+    gw = torch.einsum("nto,nti->noi", dz.float(), x.float())       # dl_n/dW per sequence, (d_out, d_in)
+    Fd[q.name] += gw.pow(2).sum(0)
 
 
 class _HessianHooks:
     """Forward hooks accumulating H = sum x x^T and H_g = sum s_g x x^T for one block's Linears."""
 
-    def __init__(self, names, S: dict, T: int, device: str):
+    def __init__(self, layers: list[QLayer], S: dict, T: int, device: str):
         self.S, self.T, self.device, self.start = S, T, device, 0
-        self.Hp = {n: torch.zeros(m.in_features, m.in_features, dtype=torch.float64, device=device) for n, m in names}
-        self.Hg = {n: torch.zeros(S[n].shape[1], m.in_features, m.in_features, dtype=torch.float64, device=device)
-                   for n, m in names}
-        self.handles = [m.register_forward_hook(self._hook(n)) for n, m in names]
+        d_in = {q.name: q.W.shape[1] for q in layers}
+        self.Hp = {q.name: torch.zeros(d_in[q.name], d_in[q.name], dtype=torch.float64, device=device) for q in layers}
+        self.Hg = {q.name: torch.zeros(S[q.name].shape[1], d_in[q.name], d_in[q.name], dtype=torch.float64,
+                                       device=device) for q in layers}
+        self.handles = [q.module.register_forward_hook(self._hook(q.name)) for q in layers]
 
     def _hook(self, name):
         def fwd(mod, inp, out):
             x = inp[0].reshape(-1, inp[0].shape[-1]).float()
+            if self.start * self.T + x.shape[0] > self.S[name].shape[0]:
+                raise RuntimeError(f"layer {name}: more inputs than calibration tokens (called twice per pass?)")
             s = self.S[name][self.start * self.T:self.start * self.T + x.shape[0]].to(self.device)
             self.Hp[name] += (x.T @ x).double()
             self.Hg[name] += guided_hessian(x, s).double()
@@ -143,20 +152,16 @@ class _HessianHooks:
 
 
 @torch.no_grad()
-def block_hessians(model, windows: torch.Tensor, S: dict, Fd: dict, device: str, chunk: int = 16
+def block_hessians(adapter, windows: torch.Tensor, S: dict, Fd: dict, device: str, chunk: int = 16
                    ) -> Iterator[list[LayerStats]]:
     """Yield the `LayerStats` of each block's quantized Linears in turn (H_g built one block at a time from
-    the FP model's hidden states, propagated block by block)."""
+    the FP model's inputs to that block)."""
     T = windows.shape[1] - 1
-    h = torch.cat([model.embed(windows[i:i + chunk, :-1].to(device)) for i in range(0, windows.shape[0], chunk)])
-    for bi, block in enumerate(model.blocks):
-        names = [(f"blocks.{bi}.{n}", block.get_submodule(n)) for n in LAYER_NAMES]
-        hooks = _HessianHooks(names, S, T, device)
+    for layers, run in adapter.block_passes(windows, chunk, device):
+        hooks = _HessianHooks(layers, S, T, device)
         try:
-            for i in range(0, h.shape[0], chunk):
-                hooks.start = i
-                h[i:i + chunk] = block(h[i:i + chunk])
+            run(lambda i, h=hooks: setattr(h, "start", i))
         finally:
             hooks.close()
-        yield [LayerStats(n, m.weight.detach().float().clone(), Fd[n], hooks.Hp[n][None], hooks.Hg[n],
-                          hooks.Hg[n].shape[0]) for n, m in names]
+        yield [LayerStats(q.name, q.W.to(device), Fd[q.name], hooks.Hp[q.name][None], hooks.Hg[q.name],
+                          hooks.Hg[q.name].shape[0]) for q in layers]
