@@ -118,6 +118,13 @@ def test_conflict_aware_disjoint_and_counts():
         for mk, w in zip(masks, want):
             assert (mk.reshape(-1, m).sum(1) == w).all()
         assert P.overfull_warning([nm] * 4)
+    # the streamed count of short blocks (from the topk values) equals a count on the masks
+    taken = torch.zeros(taus[0].shape, dtype=torch.bool)
+    for tau in taus:
+        box = [0]
+        mk = P.nm_mask(tau, 10, 32, taken, "pad", box)
+        taken |= mk
+        assert box[0] == S.short_blocks(mk, 10, 32, "pad")
     assert P.overfull_warning([(4, 32)] * 4) is None
 
 

@@ -15,7 +15,6 @@ from icmltools.core.errors import BadInputError
 from icmltools.merge import engine as E
 
 from . import prune as P
-from . import stats as S
 from .options import DEFAULT_TAIL, OWN_METHODS
 
 REFERENCE = "Yang et al., CABS, ICML 2025 (arXiv 2503.01874)"
@@ -68,9 +67,14 @@ class _NM(_Pruned):
         if nms is not None:
             self.short = [0] * len(nms)   # per model: blocks keeping fewer than n slots (CA left fewer free)
 
-    def _count_short(self, st, mask, i: int, n: int, m: int) -> None:
+    def _mask(self, st, tau, i: int, taken):
+        """Model i's n:m mask of the chunk (only the last chunk has a tail), counting its short blocks."""
+        mo = st.plan.models[i]
+        box = [0]
+        mask = P.nm_mask(tau, mo["n"], mo["m"], taken, st.plan.options["tail"], box)
         if self.short is not None and i < len(self.short):
-            self.short[i] += S.short_blocks(mask, n, m, st.plan.options["tail"])
+            self.short[i] += box[0]
+        return mask
 
     def chunk_multiple_for(self, plan):
         """Chunks align to every model's m (the lcm), so no block straddles two chunks."""
@@ -82,11 +86,6 @@ class _NM(_Pruned):
             n, m = mo.get("n"), mo.get("m")
             if not (isinstance(n, int) and isinstance(m, int) and 1 <= n <= m):
                 raise BadInputError(f"model {i}: n:m needs integers 1 <= n <= m, got {n}:{m}", param="nm")
-
-    @staticmethod
-    def nm(st, i):
-        mo = st.plan.models[i]
-        return mo["n"], mo["m"]
 
 
 class Cabs(_NM):
@@ -100,10 +99,8 @@ class Cabs(_NM):
     def add(self, st, tau, i, k, p):
         if k == 0:
             st.taken.zero_()
-        n, m = self.nm(st, i)
-        mask = P.nm_mask(tau, n, m, st.taken, st.plan.options["tail"])  # only the last chunk has a tail
+        mask = self._mask(st, tau, i, st.taken)
         st.taken |= mask
-        self._count_short(st, mask, i, n, m)
         self._accumulate(st, tau, mask, i, k)
 
 
@@ -114,10 +111,7 @@ class BalancedOnly(_NM):
     reference = REFERENCE + ", BS ablation"
 
     def add(self, st, tau, i, k, p):
-        n, m = self.nm(st, i)
-        mask = P.nm_mask(tau, n, m, None, st.plan.options["tail"])
-        self._count_short(st, mask, i, n, m)
-        self._accumulate(st, tau, mask, i, k)
+        self._accumulate(st, tau, self._mask(st, tau, i, None), i, k)
 
 
 class CAMagnitude(_Pruned):

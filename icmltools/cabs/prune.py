@@ -83,20 +83,25 @@ def overfull_warning(nms: Sequence[tuple[int, int]]) -> str | None:
 # --------------------------------------------------------------------------------------------- masks
 
 
-def _block_keep(score, n: int):
-    """Rows of `score` (blocks): a bool mask of the top-n picks with score >= 0."""
+def _block_keep(score, n: int, short: list | None = None):
+    """Rows of `score` (blocks): a bool mask of the top-n picks with score >= 0; `short[0]` += the rows keeping
+    fewer than min(n, row length)."""
     import torch
 
     k = min(n, score.shape[1])
     vals, idx = torch.topk(score, k, dim=1, sorted=False)
+    ok = vals >= 0
     keep = torch.zeros(score.shape, dtype=torch.bool, device=score.device)
-    keep.scatter_(1, idx, vals >= 0)
+    keep.scatter_(1, idx, ok)
+    if short is not None:
+        short[0] += int(torch.count_nonzero(ok.sum(1) < k))
     return keep
 
 
-def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad"):
+def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad", short: list | None = None):
     """Balanced n:m mask of one tensor (BS; with `taken`, the CA step too): row-major blocks of m, the n
-    largest |tau| per block among the positions not in `taken`; the last partial block by `tail`."""
+    largest |tau| per block among the positions not in `taken`; the last partial block by `tail`. With
+    `short` (a one-item list), its item grows by the blocks keeping fewer than n (min(n, r) for a padded tail)."""
     import torch
 
     flat = tau.reshape(-1)
@@ -107,9 +112,9 @@ def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad"):
     full = numel // m * m
     mask = torch.zeros(numel, dtype=torch.bool, device=flat.device)
     if full:
-        mask[:full] = _block_keep(score[:full].view(-1, m), n).view(-1)
+        mask[:full] = _block_keep(score[:full].view(-1, m), n, short).view(-1)
     if full < numel and tail == "pad":
-        mask[full:] = _block_keep(score[full:].view(1, -1), n).view(-1)
+        mask[full:] = _block_keep(score[full:].view(1, -1), n, short).view(-1)
     return mask.view(tau.shape)
 
 
