@@ -287,6 +287,11 @@ def ckpts(tmp_path_factory):
     nan = {k: v.clone() for k, v in models[1].items()}
     nan["a.bias"][5] = float("inf")
     write_state_dict(nan, d / "nan.safetensors")
+    raw = (d / "m2.safetensors").read_bytes()
+    (d / "trunc.safetensors").write_bytes(raw[: len(raw) // 2])
+    bf = dict(models[2], **{"a.bias": models[2]["a.bias"].to(torch.bfloat16)})
+    write_state_dict(bf, d / "bf16.safetensors")
+
     class _Evil:
         def __reduce__(self):
             return (print, ("pwned",))
@@ -386,6 +391,10 @@ BAD_INPUTS = [
     pytest.param(["--base", "in/nope.safetensors", *M2, "--out", "r"], 2, "no such file", id="missing base"),
     pytest.param([*B, "--models", "in/m0.safetensors,in/shape.safetensors", "--out", "r"], 2,
                  "tensor 'a.weight' has shape [64, 95]", id="shape mismatch"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/trunc.safetensors", "--out", "r"], 2, "trunc.safetensors",
+                 id="truncated model"),
+    pytest.param([*B, "--models", "in/m0.safetensors,in/bf16.safetensors", "--out", "r"], 2,
+                 "tensor 'a.bias' has dtype bfloat16", id="dtype mismatch"),
     pytest.param([*B, "--models", "in/m0.safetensors,in/nan.safetensors", "--out", "r"], 2,
                  "nan.safetensors: tensor 'a.bias' holds 1 NaN/inf", id="non-finite task vector"),
     pytest.param([*B, *M2, "--nm", "33:32", "--out", "r"], 2, "--nm: '33:32': n:m needs 1 <= n <= m", id="n > m"),
