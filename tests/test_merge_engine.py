@@ -69,6 +69,8 @@ def test_unknown_method_option_and_counts_are_refused():
         E.make_plan("dare", 2, densities=[0.0, 0.5])
     with pytest.raises(BadInputError, match="at least 2 models"):
         E.make_plan("negmerge", 1)
+    with pytest.raises(BadInputError, match="negmerge takes no per-model weights"):
+        E.make_plan("negmerge", 2, weights=[1.0, 0.5])
 
 
 # --------------------------------------------------------------------------------------------- chunked == unchunked

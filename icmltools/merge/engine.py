@@ -66,7 +66,8 @@ class MergeMethod(abc.ABC):
       :meth:`scan` with each model's whole task vector before the chunks); ``witness`` (a buffer holding the
       running sum of every task vector fed: one finiteness check per chunk stands for all inputs);
       ``min_models``; ``uses_density``; ``tracks`` (per-model kept counts and the overlap matrix, via
-      ``st.mark``); ``draws_dare`` (the method draws DARE masks itself: the generic ``dare_p`` is refused).
+      ``st.mark``); ``draws_dare`` (the method draws DARE masks itself: the generic ``dare_p`` is refused);
+      ``weighted`` (False: per-model weights other than 1 are refused).
 
     Models are always fed in the order given (index ``i``; ``k`` counts the models fed so far in this pass). A
     method keeps per-tensor state on ``st`` (set in :meth:`begin`, which runs once per tensor before any chunk).
@@ -88,6 +89,7 @@ class MergeMethod(abc.ABC):
     default_density: float | None = None
     tracks = False
     draws_dare = False
+    weighted = True
 
     def __init__(self, name: str | None = None, **options):
         """An instance may rename the method (a command's own name for it) and change option defaults."""
@@ -209,6 +211,8 @@ def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densiti
     w = tuple(float(x) for x in _per_model(weights, n_models, 1.0, "weights"))
     if not all(math.isfinite(x) for x in w):
         raise BadInputError("weights must be finite numbers", param="weights")
+    if not m.weighted and any(x != 1.0 for x in w):
+        raise BadInputError(f"{m.name} takes no per-model weights", param="weights")
     d = _per_model(densities, n_models, m.default_density, "densities")
     if m.uses_density and not all(x is not None and 0.0 < float(x) <= 1.0 for x in d):
         raise BadInputError(f"densities must be in (0, 1], got {list(d)}", param="densities")

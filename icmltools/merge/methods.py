@@ -221,6 +221,7 @@ class NegMerge(MergeMethod):
 
     Streamed as: all N share a strict sign  <=>  min_i tau_i > 0 or max_i tau_i < 0 (NaN never kept)."""
 
+    weighted = False
     name = "negmerge"
     reference = "Kim et al., ICML 2025 (arXiv 2410.05583), Sec. 3"
     buffers = (("total", None), ("mn", None), ("mx", None), ("tb", "bool"))
@@ -251,6 +252,7 @@ class NegMerge(MergeMethod):
 class Uniform(MergeMethod):
     """Mean of the task vectors: tau = sum_i tau_i / N."""
 
+    weighted = False
     name = "uniform"
     reference = "uniform task-vector mean (model soup of task vectors)"
     buffers = (("total", None),)
@@ -268,6 +270,7 @@ class Uniform(MergeMethod):
 class TaskVector(MergeMethod):
     """One model's task vector, tau = tau_index (task negation with a single candidate)."""
 
+    weighted = False
     name = "task_vector"
     reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023"
     options = {"index": 0}
@@ -294,6 +297,7 @@ class MagMax(MergeMethod):
     """MagMax (Marczak et al., ECCV 2024): per element, the task-vector entry of largest magnitude (the first
     model wins ties)."""
 
+    weighted = False
     name = "magmax"
     reference = "Marczak et al., MagMax, ECCV 2024"
     buffers = (("best", None),)
