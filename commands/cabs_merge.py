@@ -5,7 +5,7 @@ import click
 
 from icmltools.cabs import options
 
-from . import common
+from . import common, merge_options
 
 EPILOG = """Examples:
 
@@ -27,13 +27,14 @@ DC = options.DemoConfig
 
 
 @common.command("cabs-merge", epilog=EPILOG, param_flags=PARAM_FLAGS)
-@click.option("--base", type=click.Path(exists=False), default=None,
-              help="Base checkpoint theta_0: .safetensors, a weights-only torch file, or a Hugging Face folder "
-                   "(sharded or not). Without it (and without --config) the embedded demo runs.")
+@merge_options.file_options(models="model_list", models_flags=("-m", "--model"),
+                            models_help="A fine-tuned checkpoint (repeat; the order given is the pruning order). "
+                                        "Alternative to --models.",
+                            base_help="Base checkpoint theta_0: .safetensors, a weights-only torch file, or a Hugging "
+                                      "Face folder (sharded or not). Without it (and without --config) the embedded "
+                                      "demo runs.", filters=True, chunk=True)
 @click.option("--models", "models_csv", default=None, metavar="M1,M2,..",
               help="Fine-tuned checkpoints, comma-separated; their order is the pruning order.")
-@click.option("-m", "--model", "model_list", multiple=True, type=click.Path(exists=False),
-              help="A fine-tuned checkpoint (repeat; the order given is the pruning order). Alternative to --models.")
 @click.option("--config", type=click.Path(exists=False, dir_okay=False), default=None,
               help="A mergekit YAML config (models, base_model, merge_method, parameters weight/density/n_m_ratio) "
                    "for the methods both tools have, instead of --base/--models.")
@@ -44,7 +45,7 @@ DC = options.DemoConfig
                    "The other pruning methods use density n/m.")
 @click.option("--nm-for", multiple=True, metavar="I=N:M",
               help="The n:m of model I (0-based, in the model order); repeat.")
-@click.option("--lam", type=common.CommaList(kind=float), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
+@click.option("--lam", type=merge_options.PerModelFloats(), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
               help="Lambda: one for all models, or one per model in the model order.")
 @click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
               help="Search a global scale s (theta_0 + s * sum_k lam_k * pruned_k) with --eval-cmd; the best is written.")
@@ -55,12 +56,6 @@ DC = options.DemoConfig
               help="Seconds allowed per --eval-cmd run.")
 @click.option("--tail", type=click.Choice(options.TAILS), default=options.DEFAULT_TAIL,
               help="Last partial block (numel % m): pad = keep its top min(n, r) (mergekit); drop = prune it (RoBERTa).")
-@click.option("--exclude", multiple=True, metavar="GLOB",
-              help="Tensor names (fnmatch glob) copied from the base unmerged; repeat.")
-@click.option("--format", "out_format", type=click.Choice(options.FORMATS), default="same",
-              help="Output checkpoint format; 'same' keeps the base's.")
-@click.option("--chunk-elems", type=click.IntRange(min=1), default=options.DEFAULT_CHUNK_ELEMS,
-              help="Elements per chunk for the n:m methods (rounded down to a multiple of every m: exact).")
 @click.option("--allow-non-finite", is_flag=True,
               help="Merge checkpoints holding NaN/inf (refused by default, naming the file and tensor); each is listed "
                    "in the result, and a non-finite output is still refused.")
@@ -71,8 +66,9 @@ DC = options.DemoConfig
 @common.out_option()
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
-def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, lam_grid, eval_cmd, eval_timeout, tail, exclude, out_format, chunk_elems,
-        allow_non_finite, methods, n_seeds, seed, device, threads, quiet, verbose, out):
+def cli(ctx, base, model_list, include, exclude, out_format, chunk_elems, models_csv, config, method, nm, nm_for, lam,
+        lam_grid, eval_cmd, eval_timeout, tail, allow_non_finite, methods, n_seeds, seed, device, threads, quiet, verbose,
+        out):
     """Merge fine-tuned models with CABS (Yang et al., ICML 2025) or a baseline, on the shared merge engine.
 
     Each task vector tau_k = theta_k - theta_0 keeps the n largest magnitudes of every block of m
@@ -89,12 +85,12 @@ def cli(ctx, base, models_csv, model_list, config, method, nm, nm_for, lam, lam_
             _demo(run, methods, nm, tail, n_seeds, out)
         else:
             _files(run, base, models, config, dict(method=method, nm=nm, nm_for=nm_for, lam=lam, tail=tail,
-                                                   out_format=out_format, chunk_elems=chunk_elems,
+                                                   out_format=out_format, chunk_elems=chunk_elems, include=include,
                                                    exclude=exclude, seed=seed, lam_grid=lam_grid, eval_cmd=eval_cmd,
                                                    eval_timeout=eval_timeout), out, allow_non_finite)
 
 
-FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "exclude", "out_format", "chunk_elems",
+FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "include", "exclude", "out_format", "chunk_elems",
              "allow_non_finite", "lam_grid", "eval_cmd", "eval_timeout")
 DEMO_ONLY = ("methods", "n_seeds")
 NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam")

@@ -347,6 +347,17 @@ def test_cli_file_merge_matches_kernels(fmt, suffix, ckpts, tmp_path, monkeypatc
     assert all(t["min"] <= t["max"] for t in r["tensor_density"])
 
 
+def test_cli_repeated_lambdas_stay_per_model(ckpts, tmp_path, monkeypatch):
+    """--lam 0.5,0.5,0.2 is three lambdas (a de-duplicating list would have made it two)."""
+    import json
+
+    d, _, _ = ckpts
+    res = _cli([*B, "--models", "in/m0.safetensors,in/m1.safetensors,in/m2.safetensors", "--lam", "0.5,0.5,0.2",
+                "--out", "l"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    assert [m["lam"] for m in json.loads(res.stdout)["result"]["models"]] == [0.5, 0.5, 0.2]
+
+
 def test_cli_config_equals_flags(ckpts, tmp_path, monkeypatch):
     import json
 

@@ -32,14 +32,14 @@ def demo_config(methods: Sequence[str] | None = None, nm: str | None = None, tai
 
 
 def engine_plan(name: str, k: int, nms: Sequence[tuple[int, int]], tail: str = "pad", weights=None, seed: int = 0,
-                chunk_elems: int | None = None, densities=None, options: dict | None = None, exclude=()):
+                chunk_elems: int | None = None, densities=None, options: dict | None = None, include=(), exclude=()):
     """The engine plan of method `name` for k models: n:m per model for CABS/BS, density n/m (or the given
     densities) for the others; task arithmetic takes neither."""
     from icmltools.merge import engine as E
 
     from . import methods as CM
 
-    kw: dict = dict(weights=weights, seed=seed, chunk_elems=chunk_elems, exclude=tuple(exclude))
+    kw: dict = dict(weights=weights, seed=seed, chunk_elems=chunk_elems, include=tuple(include), exclude=tuple(exclude))
     if name in ("cabs", "bs"):
         method = CM.for_plan(name, nms)
         kw.update(model_options=[{"n": n, "m": m} for n, m in nms], options={"tail": tail, **(options or {})})
@@ -166,16 +166,18 @@ def _lams(lam: Sequence[float], k: int) -> list[float]:
 
 def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm: str = "auto",
                   nm_for: Sequence[str] = (), lam: Sequence[float] = (1.0,), tail: str = "pad",
-                  out_format: str = "same", chunk_elems: int | None = None, exclude: Sequence[str] = (),
+                  out_format: str = "same", chunk_elems: int | None = None, include: Sequence[str] = (),
+                  exclude: Sequence[str] = (),
                   seed: int = 0, densities: Sequence[float] | None = None, options: dict | None = None,
                   source: dict | None = None, lam_grid: str | None = None, eval_cmd: str | None = None,
                   eval_timeout: float | None = None) -> FileJob:
     """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
     The order of `models` is the pruning order. NaN/inf task-vector values are refused as the merge streams."""
     from icmltools.merge import engine as E
+    from icmltools.merge.options import CHUNK_ELEMS
     from icmltools.taskvec import open_checkpoint, resolve_output_format
 
-    from .options import DEFAULT_CHUNK_ELEMS, METHODS
+    from .options import METHODS
 
     if method not in METHODS:
         raise BadInputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method")
@@ -190,8 +192,8 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
     warnings = []
     if method in ("cabs", "ca_magnitude") and (w := P.overfull_warning(nms)):
         warnings.append(w)
-    plan = engine_plan(method, k, nms, tail, weights=lams, seed=seed, exclude=exclude, densities=densities,
-                       chunk_elems=DEFAULT_CHUNK_ELEMS if chunk_elems is None else chunk_elems, options=options)
+    plan = engine_plan(method, k, nms, tail, weights=lams, seed=seed, include=include, exclude=exclude, densities=densities,
+                       chunk_elems=CHUNK_ELEMS if chunk_elems is None else chunk_elems, options=options)
     b = open_checkpoint(base)
     ms = [open_checkpoint(m) for m in models]
     E.open_and_check(b, ms, plan)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from icmltools.core.reference import paper
-from icmltools.taskvec.formats import OUTPUT_FORMATS
 
 REFERENCE = paper("CABS: Conflict-Aware and Balanced Sparsification for Enhancing Model Merging",
                   "Zongzhen Yang et al.",
@@ -21,14 +20,11 @@ OWN_METHODS = ("cabs", "ca_magnitude", "bs")
 # pad = zero-pad to m and keep its top min(n, r) (mergekit); drop = prune it all (RoBERTa script)
 TAILS = ("pad", "drop")
 DEFAULT_TAIL = "pad"
-# output checkpoint format; "same" keeps the base's
-FORMATS = ("same",) + OUTPUT_FORMATS
 # the n:m pattern: "auto" = m 32, n = max(1, 16 // K) (total density <= 50 %, as all official settings)
 AUTO_NM = "auto"
 AUTO_M = 32
 AUTO_TOTAL = 16
 DEFAULT_LAM = "1.0"
-DEFAULT_CHUNK_ELEMS = 1 << 24
 
 # the demo (spec: four generated tasks, a shared trunk, merges of the trunk, per-task accuracy)
 DEMO_METHODS = ("task_arithmetic", "ties", "dare", "magnitude", "ca_magnitude", "bs", "breadcrumbs", "cabs")
