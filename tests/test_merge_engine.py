@@ -377,3 +377,24 @@ def test_shared_file_options_keep_per_model_repeats():
     assert "('exclude', ('lm_head.*',))" in res.output and "('out_dtype', 'bfloat16')" in res.output
     bad = CliRunner().invoke(cmd, ["--density", "0,0.5"])
     assert bad.exit_code == 2 and "not a finite positive number" in bad.output
+
+
+def test_lambda_search_on_files_with_a_score_rule(tmp_path):
+    """The engine's search on checkpoints: one temporary checkpoint per lambda (gone afterwards), the rule
+    picks the largest score; lambda 0 evaluates the base itself."""
+    from icmltools.merge import search as S
+
+    base, models = _models(n=2)
+    bs = MemoryReader(base)
+    tau, _ = E.merged_task_vector(bs, [MemoryReader(m) for m in models], E.make_plan("task_arithmetic", 2))
+    seen = []
+
+    def evaluate(path, label=None):
+        sd = _load(path)
+        seen.append(label)
+        return {"score": -float((sd["emb"].float() - base["emb"].float() - 0.5 * tau["emb"]).abs().sum())}
+
+    rows, sel = S.search_files(bs, tau, [0.0, 0.25, 0.5, 0.75], evaluate, tmp_path, fmt="safetensors", sign=1,
+                               skip_zero=True, rule=lambda r: S.select_max(r, "score"), out_name="m.safetensors")
+    assert sel.lam == 0.5 and [r["lam"] for r in rows] == [0.0, 0.25, 0.5, 0.75]
+    assert seen[0] == "the checkpoint for lambda = 0" and list(tmp_path.iterdir()) == []
