@@ -245,6 +245,15 @@ def test_topk_breaks_ties_by_lower_index_in_every_chunking():
     assert E.TopK(t, 3, keep_ties=True).mask(t).sum() == 5  # NegMerge's rule keeps every tie
 
 
+def test_kth_largest_equals_kthvalue():
+    g = torch.Generator().manual_seed(3)
+    for a in (torch.randn(5000, generator=g).abs(), torch.randn(3000, generator=g).to(torch.bfloat16).float().abs(),
+              torch.tensor([0.0, 0.0, 1e-40, 3.0, 3.0, 2.0]), torch.randn(700, generator=g).double().abs()):
+        n = a.numel()
+        for k in (1, 2, n // 3, n // 2, n - 1, n):
+            assert E.kth_largest(a, k) == float(torch.kthvalue(a, n - k + 1).values), (k, a.dtype)
+
+
 def test_ties_kept_count_and_overlap_matrix():
     taus = _taus(n=3, shape=(64,))
     base = MemoryReader({"w": torch.zeros(64)})

@@ -311,7 +311,7 @@ class TopK:
         if k <= 0 or k >= n:
             return
         a = tau_flat.abs()
-        self.thr = float(torch.kthvalue(a, n - k + 1).values)
+        self.thr = kth_largest(a, k)
         n_gt = int(torch.count_nonzero(a > self.thr))
         self.ties_kept = k - n_gt
         self.all_ties = keep_ties or self.ties_kept == int(torch.count_nonzero(a == self.thr))
@@ -338,6 +338,30 @@ class TopK:
         cut = int(torch.nonzero(eq)[left - 1, 0]) + 1  # the chunk where the ties' quota runs out: after its
         eq[cut:] = False                                 # left-th tie, none is kept
         return eq.logical_or_(a > self.thr)
+
+
+def kth_largest(a, k: int) -> float:
+    """The k-th largest value of the flat, non-negative, finite tensor `a` (1 <= k <= numel), exactly.
+
+    float32: a radix select on the bit patterns (non-negative floats order as their int32 bits): a histogram of
+    the high 16 bits finds the bucket holding the k-th largest, a histogram of that bucket's low 16 bits the
+    value; about twice as fast as ``torch.kthvalue`` on one thread. Other dtypes: ``torch.kthvalue``."""
+    import torch
+
+    if a.dtype != torch.float32:
+        return float(torch.kthvalue(a, a.numel() - k + 1).values)
+    bits = a.view(torch.int32)
+    hi = bits >> 16
+    counts = torch.bincount(hi.reshape(-1), minlength=1 << 15)
+    from_top = counts.flip(0).cumsum(0)
+    idx = int(torch.searchsorted(from_top, k))  # first bucket (from the top) where the count reaches k
+    bucket = counts.numel() - 1 - idx
+    above = int(from_top[idx - 1]) if idx > 0 else 0
+    low = torch.bitwise_and(bits[hi == bucket], 0xFFFF)
+    from_top2 = torch.bincount(low, minlength=1 << 16).flip(0).cumsum(0)
+    j = int(torch.searchsorted(from_top2, k - above))
+    value = (bucket << 16) | ((1 << 16) - 1 - j)
+    return float(torch.tensor([value], dtype=torch.int32).view(torch.float32))
 
 
 def top_count(density: float, numel: int) -> int:
