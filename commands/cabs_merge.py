@@ -41,7 +41,7 @@ DC = options.DemoConfig
 @click.option("--method", type=click.Choice(options.METHODS), default="cabs",
               help="File mode: CABS or a baseline at the same density n/m.")
 @click.option("--nm", default=options.AUTO_NM, metavar="auto|N:M",
-              help=f"n:m pattern for every model; auto = {options.AUTO_M} with n = max(1, {options.AUTO_TOTAL} // K). "
+              help=f"n:m pattern for every model; auto = m {options.AUTO_M}, n = max(1, {options.AUTO_TOTAL} // K) (K models). "
                    "The other pruning methods use density n/m.")
 @click.option("--nm-for", multiple=True, metavar="I=N:M",
               help="The n:m of model I (0-based, in the model order); repeat.")

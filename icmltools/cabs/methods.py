@@ -37,14 +37,19 @@ class _Pruned(E.MergeMethod):
         return True  # a zero-weight model still takes its slots in the order (CA), it just adds nothing
 
     def _accumulate(self, st, tau, mask, i: int, k: int) -> None:
-        pruned = P.prune(tau, mask)
+        """total += w_i * (tau * mask); tau (the engine's chunk buffer, ours to modify) is pruned in place."""
+        pruned = tau.masked_fill_(mask.logical_not(), 0)
         st.mark(i, pruned)
         w = st.plan.weights[i]
         if k == 0:
             st.added = False
-            st.total.zero_()
         if w != 0:
-            st.total.add_(pruned.mul_(w))
+            if w != 1.0:
+                pruned.mul_(w)
+            if st.added:
+                st.total.add_(pruned)
+            else:
+                st.total.copy_(pruned)
             st.added = True
 
     def finish(self, st):

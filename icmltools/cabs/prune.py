@@ -110,6 +110,8 @@ def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad", short: list | No
     if taken is not None:
         score.masked_fill_(taken.reshape(-1), -1.0)
     full = numel // m * m
+    if full == numel:   # no tail: the block mask is the mask
+        return _block_keep(score.view(-1, m), n, short).view(tau.shape)
     mask = torch.zeros(numel, dtype=torch.bool, device=flat.device)
     if full:
         mask[:full] = _block_keep(score[:full].view(-1, m), n, short).view(-1)
@@ -203,14 +205,14 @@ def prune(tau, mask):
 def merge_masked(base, taus: Sequence, masks: Sequence, lams: Sequence[float]):
     """theta = theta_0 + sum_k lambda_k * (tau_k * mask_k): the sum accumulated in order in float32 (float64),
     added to theta_0 once, cast once (the engine's arithmetic); all lambdas 0 returns theta_0 bitwise."""
-    import torch
 
     cd = compute_dtype(base.dtype)
     total = None
     for tau, mk, lam in zip(taus, masks, lams):
         if lam != 0:
-            total = torch.zeros(base.shape, dtype=cd, device=base.device) if total is None else total
-            total.add_(prune(tau.to(cd), mk).mul_(lam))
+            term = prune(tau.to(cd), mk)
+            term = term if lam == 1.0 else term.mul_(lam)
+            total = term if total is None else total.add_(term)
     if total is None:
         return base.clone()
     return (base.to(cd) + total).to(base.dtype)
