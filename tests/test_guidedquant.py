@@ -482,6 +482,22 @@ def test_hf_causal_lm(kind, run_cli, calib_text, tmp_path):
     assert torch.equal(q.module.weight, q.W.T if kind == "gpt2" else q.W)
 
 
+def test_hf_without_transformers_is_one_line(tmp_path, monkeypatch, check_bad_input):
+    """transformers missing (an optional extra): the folder is refused saying how to install it."""
+    from click.testing import CliRunner
+
+    from icmltools.commands.cli import cli
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(HF_LLAMA)
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "transformers", None)             # import transformers -> ImportError
+    before = check_bad_input.snapshot(tmp_path)
+    res = CliRunner().invoke(cli, ["guidedquant", "--threads", "1", "--model", str(tmp_path / "m")])
+    check_bad_input(res, 2, "needs the optional transformers package (pip install 'icml-tools[hf]')", root=tmp_path,
+                    before=before)
+
+
 def test_help_has_examples_and_lists_methods(run_cli):
     from click.testing import CliRunner
 
