@@ -138,7 +138,8 @@ def uci(ctx, dataset, csv, target, task, depth, width, folds, epochs, out, seed,
 @click.option("--rank-ratio", type=float, default=None, help="r = max(1, floor(ratio * min(out, in))) [default: 1/3].")
 @click.option("--energy", type=float, default=None, help="Smallest r keeping this fraction of sum sigma^2 (instead of a ratio).")
 @click.option("--svd", type=click.Choice(options.SVD_METHODS), default=CompressConfig.svd,
-              help="Exact SVD or torch.svd_lowrank (q = r + 10, 2 power iterations).")
+              help="exact: truncated SVD (float64 Gram eigendecomposition for 32/16-bit weights on a CPU, else "
+                   "torch.linalg.svd); randomized: Halko et al.'s subspace iteration (q = r + 10, 2 power iterations).")
 @click.option("--format", "fmt", type=click.Choice(options.FORMATS), default=CompressConfig.fmt,
               help="factored: <p>.down/.up (the paper's layout) + lowrank_map.json; dense: U_r S_r V_r' in place.")
 @click.option("--output-format", "out_format", type=click.Choice(options.OUTPUT_FORMATS), default=CompressConfig.out_format,

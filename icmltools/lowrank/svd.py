@@ -24,8 +24,6 @@ import torch
 from icmltools.core.errors import BadInputError
 
 BLOCKS = 64          # row/column blocks of a float64 temporary: 1/32 of the tensor's float32 bytes each
-SOLVERS = {"gram": "float64 Gram eigendecomposition (LAPACK syevr, top r)", "svd": "torch.linalg.svd (LAPACK gesdd)",
-           "randomized": "randomized subspace iteration (Halko et al. 2011)"}
 
 
 @dataclass
@@ -34,7 +32,7 @@ class Factors:
     down: torch.Tensor      # r x in
     rank: int
     rel_fro_err: float      # exact: from the singular values; randomized: measured
-    solver: str = "svd"
+    solver: str = "svd"     # "gram" (float64 Gram eigendecomposition), "svd" (torch.linalg.svd), "randomized"
 
 
 def compute_dtype(dtype) -> torch.dtype:
@@ -189,9 +187,10 @@ def randomized(w: torch.Tensor, rank: int, oversample: int, niter: int, stream) 
     lam, ub = top_eigh(g, rank)
     del g
     root, inv = _halves(lam)
-    up = basis @ (ub * root).to(w.dtype)
+    ub = ub.to(w.dtype)                                 # q x r: the float64 copy goes before the factors exist
+    up = basis @ (ub * root.to(w.dtype))
     del basis
-    down = ((ub * inv).T.to(w.dtype)) @ b
+    down = (ub * inv.to(w.dtype)).T @ b
     del b, ub
     return Factors(up, down, rank, measured_error(w, up, down), "randomized")
 
