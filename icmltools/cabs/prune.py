@@ -122,14 +122,21 @@ def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad", short: list | No
 
 def magnitude_threshold(tau, density: float, taken=None):
     """The official RoBERTa ``topk_values_mask`` threshold: with s = 1 - d, (the ascending-sorted |x|)[int(s *
-    numel)], x = tau zeroed where `taken` (None when nothing can be kept)."""
+    numel)], x = tau zeroed where `taken` (None when nothing can be kept). On the CPU the order statistic is
+    found in place in one copy of |x| (numpy's partition); ``torch.kthvalue`` elsewhere (it holds int64 indices
+    too: 3x the memory of the copy)."""
     import torch
 
-    x = tau if taken is None else tau.masked_fill(taken, 0)
-    a = x.abs().reshape(-1)
+    a = tau.abs().reshape(-1)
+    if taken is not None:
+        a.masked_fill_(taken.reshape(-1), 0)
     idx = int((1 - density) * a.numel())
     if idx >= a.numel():
         return None
+    if a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64):
+        arr = a.numpy()
+        arr.partition(idx)
+        return torch.tensor(arr[idx], dtype=a.dtype)
     return torch.kthvalue(a, idx + 1).values
 
 
