@@ -144,7 +144,8 @@ def _files(run, base, models, config, opts: dict, out, allow_non_finite: bool) -
     with run.timer.phase("open"):
         if config is not None:
             job = api.prepare_config(config, **{k: opts[k] for k in ("out_format", "chunk_elems", "seed", "tail",
-                                                                     "lam_grid", "eval_cmd", "eval_timeout")})
+                                                                     "lam_grid", "eval_cmd", "eval_timeout",
+                                                                     "include", "exclude")})
         else:
             job = api.prepare_files(base, models, **opts)
     for w in job.warnings:

@@ -387,10 +387,11 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
         "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
         "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
         "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n")
-    res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
+    res = _cli(["--config", "t.yml", "--exclude", "h.*", "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
     assert r["method"] == "ties" and [m["density"] for m in r["models"]] == [0.5, 0.5]
+    assert r["excluded"] == ["h.weight"]
     assert r["overlap"]["max_pairwise"] > 0
 
 

@@ -297,7 +297,8 @@ def _search(job: FileJob, out_dir, out_path, record: dict, device: str, progress
 
 def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = None, seed: int = 0,
                    tail: str = "pad", lam_grid: str | None = None, eval_cmd: str | None = None,
-                   eval_timeout: float | None = None) -> FileJob:
+                   eval_timeout: float | None = None, include: Sequence[str] = (),
+                   exclude: Sequence[str] = ()) -> FileJob:
     """A mergekit YAML config as a file merge (the methods both tools have)."""
     from . import mkconfig
 
@@ -314,6 +315,7 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
                         out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
                         options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
+                        include=include, exclude=exclude,
                         source={"file": str(path), "merge_method": cfg.mergekit_method})
     job.warnings.extend(cfg.warnings)
     return job
