@@ -507,6 +507,9 @@ def test_demo_cli_one_seed(tmp_path, monkeypatch):
     assert rows["cabs"]["max_pairwise_overlap"] == [0] and rows["bs"]["max_pairwise_overlap"][0] > 0
     kept = r["per_seed"][0]["methods"][0]["kept_fraction"]
     assert len(kept) == 4 and all(0.1 < k <= 0.125 for k in kept)
+    cabs = r["per_seed"][0]["methods"][0]
+    assert [row[i] for i, row in enumerate(cabs["overlap"]["counts"])] == [round(k * 41344) for k in kept]
+    assert all(td["min"] <= td["max"] <= 0.125 for td in cabs["tensor_density"])
 
 
 def test_demo_stage_alone_equals_pipeline():

@@ -64,7 +64,8 @@ def engine_demo_merge(name: str, nm: tuple[int, int], tail: str, seed: int) -> C
         tau, stats = E.merged_task_vector(MemoryReader(base), [MemoryReader(f) for f in fts], plan)
         s = stats.summary(extended=True)
         info = {"kept_fraction": [m["kept_fraction"] for m in s.get("models", [])],
-                "max_pairwise_overlap": s["overlap"]["max_pairwise"] if "overlap" in s else None}
+                "max_pairwise_overlap": s["overlap"]["max_pairwise"] if "overlap" in s else None,
+                "overlap": s.get("overlap"), "tensor_density": [m["tensor_density"] for m in s.get("models", [])]}
         return (lambda lam: E.apply_to_state_dict(base, tau, lam, sign=1)), info
 
     return merge
