@@ -208,6 +208,14 @@ def test_n_equals_m_one_model_is_task_arithmetic(dtype):
     out, _ = P.merge_tensor("cabs", base, [model], [(32, 32)], [0.7])
     ta = (base.float() + 0.7 * (model.float() - base.float())).to(dtype)
     assert torch.equal(out, ta)
+    # and on the engine: CABS 32:32 == the engine's task_arithmetic, same weight
+    from icmltools.cabs import api
+    from icmltools.merge import engine as E
+
+    outs = [E.merge_state_dicts({"w": base}, [{"w": model}], plan, lam=1.0, sign=1)[0]["w"]
+            for plan in (api.engine_plan("cabs", 1, [(32, 32)], weights=[0.7]),
+                         api.engine_plan("task_arithmetic", 1, [(32, 32)], weights=[0.7]))]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], ta)
 
 
 def test_nm_settings():
