@@ -92,6 +92,7 @@ def test_unwritable_output_file_names_the_users_path(in_tmp, check_bad_input):
 INTERRUPT = {
     "fope-train": ["fope-train", "--threads", "1", "--no-save"],  # with checkpoints the folder is kept (resumable)
     "negmerge": ["negmerge", "--threads", "1"],
+    "cabs-merge": ["cabs-merge", "--threads", "1", "--out", "runs/demo"],  # the folder is under the checked runs/
     # interrupted during collection (no stage finished: nothing kept; a finished stage keeps the folder, resumable)
     "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--episodes", "100000"],
 }
