@@ -191,12 +191,29 @@ def layout(p: Plan) -> tuple[OutputLayout, dict, dict]:
     return OutputLayout(rd, specs, shards), source, lmap
 
 
-def factor(load, key: str, rank: int, cfg: CompressConfig, device, seed: int) -> svd.Factors:
-    """Factor one weight on `device`; factors in float32 (float64 for float64 weights). `load()` reads the weight
-    (the exact Gram solver reads it twice rather than hold it next to its Gram matrix)."""
+def row_source(reader: CheckpointReader, name: str, device) -> svd.Rows:
+    """Weight `name` read in row blocks (positioned reads), each refused if it holds NaN/inf (the message then
+    names the tensor and counts its non-finite values)."""
+    spec = reader.specs[name]
+    m, n = spec.shape
+
+    def rows(a: int, b: int):
+        t = torch.empty((b - a, n), dtype=spec.dtype)
+        reader.get_range_into(name, a * n, b * n, t.view(-1))
+        if not all_finite(t):
+            read_checked(reader, name)
+            raise BadInputError(f"{reader.path}: tensor {name!r} has non-finite values (NaN/inf)")
+        return t.to(device)
+
+    return svd.Rows((m, n), spec.dtype, rows, device)
+
+
+def factor(rd: CheckpointReader, key: str, rank: int, cfg: CompressConfig, device, seed: int) -> svd.Factors:
+    """Factor weight `key` on `device`; factors in float32 (float64 for float64 weights). The exact solver reads
+    the weight in row blocks (twice) and never holds it whole; the randomized one reads it once, whole."""
     if cfg.svd == "exact":
-        return svd.exact(lambda: load().to(device), rank)
-    w = load()
+        return svd.exact(row_source(rd, key, device), rank)
+    w = read_checked(rd, key)
     w = w.to(device, svd.compute_dtype(w.dtype))
     return svd.randomized(w, rank, cfg.oversample, cfg.niter, derive(seed, "compress", "svd", key))
 
@@ -227,7 +244,7 @@ def execute(p: Plan, out_path: Path, *, device="cpu", seed: int = 0, record: dic
             else:
                 if cur is None or cur[0] != src:
                     cur = None  # the previous layer's factors go before this layer's SVD starts
-                    cur = (src, factor(lambda s=src: read_checked(rd, s), src, p.ranks[src], p.cfg, device, seed))
+                    cur = (src, factor(rd, src, p.ranks[src], p.cfg, device, seed))
                     rows.append(layer_row(src, rd.specs[src].shape, cur[1], bias_key(rd, src) is not None))
                 t = PIECES[kind](cur[1]).to("cpu", rd.specs[src].dtype)
             w.write(name, t)

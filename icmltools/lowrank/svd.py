@@ -82,14 +82,28 @@ def _step(n: int) -> int:
     return max(1, -(-n // BLOCKS))
 
 
+class Rows:
+    """A weight matrix read in row blocks: `rows(a, b)` returns rows [a, b) as a tensor (a view of a tensor in
+    memory, or a positioned read from a checkpoint), so the exact solver never needs the whole matrix at once."""
+
+    def __init__(self, shape, dtype, rows, device="cpu"):
+        self.shape, self.dtype, self.rows, self.device = tuple(shape), dtype, rows, torch.device(device)
+
+    @classmethod
+    def of(cls, w: torch.Tensor) -> Rows:
+        return cls(w.shape, w.dtype, lambda a, b: w[a:b], w.device)
+
+    def full(self) -> torch.Tensor:
+        return self.rows(0, self.shape[0])
+
+
 def exact(w, rank: int) -> Factors:
-    """Exact truncated SVD of `w` (a tensor, or a callable returning it: the Gram solver calls it twice and holds W
-    only while it accumulates G, so a streamed caller can read the tensor again instead of keeping it)."""
-    load = w if callable(w) else (lambda: w)
-    box = [load()]                  # no reference stays here: the Gram solver drops W while it solves
-    if box[0].dtype == torch.float64 or box[0].device.type != "cpu":
-        return _exact_svd(box.pop(), rank)
-    return _exact_gram(box, load, rank)
+    """Exact truncated SVD of `w`, a tensor or `Rows` (the Gram solver reads a tall or square W twice in row
+    blocks and never holds it whole; a wide W is held only while its Gram matrix WW' is formed)."""
+    src = w if isinstance(w, Rows) else Rows.of(w)
+    if src.dtype == torch.float64 or src.device.type != "cpu":
+        return _exact_svd(src.full(), rank)
+    return _exact_gram(src, rank)
 
 
 def _exact_svd(w: torch.Tensor, rank: int) -> Factors:
@@ -103,21 +117,23 @@ def _exact_svd(w: torch.Tensor, rank: int) -> Factors:
     return Factors(up, down, rank, err, "svd")
 
 
-def gram(w: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
-    """G of the smaller side in float64 (W'W when out >= in, `right` True; else WW'), accumulated over blocks of
-    W converted to float64 one at a time; and ||W||_F^2 in float64."""
-    m, n = w.shape
+def gram(src: Rows) -> tuple[torch.Tensor, float, bool]:
+    """G of the smaller side in float64 and ||W||_F^2 = trace(G): W'W (out >= in, `right` True) summed over row
+    blocks read one at a time; WW' (a wide W, read whole: W and G then take < 3x W) over column blocks."""
+    m, n = src.shape
     right = n <= m
-    k = n if right else m
-    g = torch.zeros(k, k, dtype=torch.float64, device=w.device)
-    step = _step(m if right else n)
-    for a in range(0, m if right else n, step):
-        blk = (w[a:a + step] if right else w[:, a:a + step]).double()
-        if right:
+    if right:
+        g = torch.zeros(n, n, dtype=torch.float64, device=src.device)
+        for a in range(0, m, _step(m)):
+            blk = src.rows(a, min(a + _step(m), m)).double()
             g.addmm_(blk.T, blk)
-        else:
+    else:
+        w = src.full()
+        g = torch.zeros(m, m, dtype=torch.float64, device=src.device)
+        for a in range(0, n, _step(n)):
+            blk = w[:, a:a + _step(n)].double()
             g.addmm_(blk, blk.T)
-    return g, float(g.diagonal().sum()), right       # trace(G) = ||W||_F^2
+    return g, float(g.diagonal().sum()), right
 
 
 def top_eigh(g: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,31 +153,30 @@ def top_eigh(g: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(lam[::-1].copy()), torch.from_numpy(zt).T
 
 
-def _exact_gram(box: list, load, rank: int) -> Factors:
+def _exact_gram(src: Rows, rank: int) -> Factors:
     """Eckart-Young through the Gram matrix: W'W = V S^2 V', so up = W V_r S_r^(-1/2), down = S_r^(1/2) V_r'
-    (mirrored for WW' = U S^2 U'); up @ down = W V_r V_r' whatever the rounding of S. The error comes from the
-    singular values: ||W||^2 - sum_{i<=r} s_i^2, in float64."""
-    w = box.pop()
-    m, n = w.shape
-    g, nw2, right = gram(w)
-    del w                       # the caller's loader gives W again below; G and W are never held with the vectors
+    (mirrored for WW' = U S^2 U': down = S_r^(-1/2) U_r' W, summed over row blocks); up @ down = W V_r V_r'
+    whatever the rounding of S. The error comes from the singular values: ||W||^2 - sum_{i<=r} s_i^2, in float64.
+    Held at once: G, then G and the vectors, then the vectors and the factors (plus one row block of W)."""
+    m, n = src.shape
+    g, nw2, right = gram(src)
     lam, z = top_eigh(g, rank)
     del g
     err = 0.0 if nw2 == 0 else math.sqrt(max(nw2 - float(lam.sum()), 0.0) / nw2)
     root, inv = _halves(lam)
-    w = load()
-    out = compute_dtype(w.dtype)
-    side = (z * root).to(out)   # V_r S^(1/2) or U_r S^(1/2)
-    other = torch.empty((m, rank) if right else (rank, n), dtype=out)
-    step = _step(m if right else n)
-    for a in range(0, m if right else n, step):
-        if right:
-            other[a:a + step] = (w[a:a + step].double() @ z * inv).to(out)
-        else:
-            other[:, a:a + step] = (inv[:, None] * (z.T @ w[:, a:a + step].double())).to(out)
-    if right:
-        return Factors(other, side.T.contiguous(), rank, err, "gram")
-    return Factors(side, other, rank, err, "gram")
+    out = compute_dtype(src.dtype)
+    step = _step(m)
+    if right:                   # z = V_r
+        up = torch.empty((m, rank), dtype=out)
+        for a in range(0, m, step):
+            b = min(a + step, m)
+            up[a:b] = (src.rows(a, b).double() @ z * inv).to(out)
+        return Factors(up, (z * root).T.to(out).contiguous(), rank, err, "gram")
+    acc = torch.zeros((rank, n), dtype=torch.float64)  # z = U_r
+    for a in range(0, m, step):
+        b = min(a + step, m)
+        acc.addmm_(z[a:b].T, src.rows(a, b).double())
+    return Factors((z * root).to(out).contiguous(), (inv[:, None] * acc).to(out), rank, err, "gram")
 
 
 def _orth(x: torch.Tensor) -> torch.Tensor:
