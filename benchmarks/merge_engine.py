@@ -157,8 +157,8 @@ dtype: bfloat16
 def mergekit(python: str, folder: Path, n: int, method: str) -> dict:
     """mergekit-yaml (the venv's) on the HF folders: wall time and peak RSS of the whole process tree (GNU time)."""
     base, models = _paths(folder, "hf", n)
-    params = "      parameters: {weight: 1.0}" if method == "task_arithmetic" else \
-        "      parameters: {weight: 1.0, density: 0.2}"
+    params = "    parameters: {weight: 1.0}" if method == "task_arithmetic" else \
+        "    parameters: {weight: 1.0, density: 0.2}"
     cfg = folder / f"mk_{method}.yml"
     cfg.write_text(MERGEKIT_YAML.format(method=method, base=base, models="\n".join(
         f"  - model: {m}\n{params}" for m in models)))
@@ -206,6 +206,7 @@ def main(argv=None) -> None:
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--formats", default="safetensors,hf")
     ap.add_argument("--tmp", default=None, help="folder for the generated models (default: a temp dir)")
+    ap.add_argument("--data", default=None, help="reuse models generated there with the same --gb/--n (kept)")
     ap.add_argument("--mergekit", default=None, metavar="PYTHON", help="python of a venv with mergekit 0.1.5")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "FOLDER", "FMT", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -216,18 +217,20 @@ def main(argv=None) -> None:
         else:
             print(json.dumps(child(mode, Path(folder), fmt, int(n))))
         return
-    folder = Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
+    folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": 1, "targets": {"peak_rss_gb_below": RSS_TARGET_GB,
                                                                          "ratio_to_read_at_least": RATIO_TARGET}}
     try:
-        t0 = time.perf_counter()
-        doc["layout"] = _run_child(["generate", str(folder), str(a.gb), str(a.n)])
-        doc["generate_seconds"] = round(time.perf_counter() - t0, 1)
+        if not a.data:
+            t0 = time.perf_counter()
+            doc["layout"] = _run_child(["generate", str(folder), str(a.gb), str(a.n)])
+            doc["generate_seconds"] = round(time.perf_counter() - t0, 1)
         doc["results"] = {fmt: _measure_format(folder, fmt, a) for fmt in a.formats.split(",")}
         if a.mergekit:
             doc["mergekit"] = _mergekit_all(a.mergekit, folder, a.n, doc["results"].get("hf", {}))
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if not a.data:
+            shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(doc, indent=1))
 
 
