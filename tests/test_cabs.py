@@ -257,6 +257,22 @@ def test_engine_classes_equal_the_kernels(dtype, method, chunk):
         assert s["overlap"]["max_pairwise"] == 0
 
 
+def test_registered_methods_work_with_engine_defaults():
+    """The registry's instances run from a bare make_plan (CABS/BS: the default n:m for K models; CA-magnitude:
+    the engine's default density), as any engine caller would use them."""
+    from icmltools.cabs import methods as CM  # noqa: F401  (registers cabs, bs, ca_magnitude)
+    from icmltools.merge import engine as E
+
+    base, models = _models(4, (16, 64))
+    out, stats = E.merge_state_dicts({"w": base}, [{"w": m} for m in models], E.make_plan("cabs", 4), lam=1.0, sign=1)
+    ref, _ = P.merge_tensor("cabs", base, models, [(4, 32)] * 4, [1.0] * 4)
+    assert torch.equal(out["w"], ref) and stats.summary(extended=True)["overlap"]["max_pairwise"] == 0
+    for name in ("bs", "ca_magnitude"):
+        E.merge_state_dicts({"w": base}, [{"w": m} for m in models], E.make_plan(name, 4), lam=1.0, sign=1)
+    with pytest.raises(Exception, match="n:m needs"):
+        E.make_plan("cabs", 2, model_options=[{"n": 5, "m": 4}, {}])
+
+
 @pytest.mark.parametrize("method", ["cabs", "ca_magnitude"])
 def test_engine_all_zero_lambdas_return_base_bytes(method, tmp_path):
     from icmltools.cabs import api

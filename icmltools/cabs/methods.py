@@ -13,6 +13,7 @@ import math
 
 from icmltools.core.errors import BadInputError
 from icmltools.merge import engine as E
+from icmltools.merge.options import DENSITY
 
 from . import prune as P
 from .options import DEFAULT_TAIL, OWN_METHODS
@@ -60,8 +61,17 @@ class _Pruned(E.MergeMethod):
         return st.total, int(torch.count_nonzero(st.total))
 
 
+def _nm_of(plan, i: int) -> tuple[int, int]:
+    """Model i's (n, m): its model options, or the default pattern for K models when unset (both None)."""
+    mo = plan.models[i]
+    if mo.get("n") is None and mo.get("m") is None:
+        return P.auto_nm(plan.n_models)
+    return mo.get("n"), mo.get("m")
+
+
 class _NM(_Pruned):
-    """n:m methods: per-model (n, m) from the model options, chunks aligned to every m."""
+    """n:m methods: per-model (n, m) from the model options (unset: m 32, n = max(1, 16 // K)), chunks aligned
+    to every m."""
 
     options = {"tail": DEFAULT_TAIL}
     model_options = {"n": None, "m": None}
@@ -74,21 +84,21 @@ class _NM(_Pruned):
 
     def _mask(self, st, tau, i: int, taken):
         """Model i's n:m mask of the chunk (only the last chunk has a tail), counting its short blocks."""
-        mo = st.plan.models[i]
+        n, m = _nm_of(st.plan, i)
         box = [0]
-        mask = P.nm_mask(tau, mo["n"], mo["m"], taken, st.plan.options["tail"], box)
+        mask = P.nm_mask(tau, n, m, taken, st.plan.options["tail"], box)
         if self.short is not None and i < len(self.short):
             self.short[i] += box[0]
         return mask
 
     def chunk_multiple_for(self, plan):
         """Chunks align to every model's m (the lcm), so no block straddles two chunks."""
-        return _lcm(mo["m"] for mo in plan.models)
+        return _lcm(_nm_of(plan, i)[1] for i in range(plan.n_models))
 
     def validate(self, plan):
         P.check_tail(plan.options["tail"])
-        for i, mo in enumerate(plan.models):
-            n, m = mo.get("n"), mo.get("m")
+        for i in range(plan.n_models):
+            n, m = _nm_of(plan, i)
             if not (isinstance(n, int) and isinstance(m, int) and 1 <= n <= m):
                 raise BadInputError(f"model {i}: n:m needs integers 1 <= n <= m, got {n}:{m}", param="nm")
 
@@ -132,6 +142,7 @@ class CAMagnitude(_Pruned):
     buffers = (("total", None), ("taken", "bool"))
     scans = True
     uses_density = True
+    default_density = DENSITY   # the engine's default where none is given (the command always gives n/m)
 
     def begin(self, st):
         import torch
