@@ -1,4 +1,5 @@
-"""Scale benchmark of `icml lowrank compress`: a ~1 GB float32 safetensors checkpoint of square Linear weights.
+"""Scale benchmark of `icml lowrank compress`: a ~1 GB float32 (or `--dtype`) safetensors checkpoint of square
+Linear weights.
 
 Each mode runs in a fresh subprocess (benchmarks/_measure.py): imports and a tiny warm-up compression first, then
 the peak resident set is reset (/proc/self/clear_refs) and the baseline RSS read, so `peak over baseline` is what
@@ -15,6 +16,7 @@ a temporary folder, removed at the end.
 
     python benchmarks/lowrank_compress.py                      # ~1 GB: 60 float32 2048 x 2048 weights
     python benchmarks/lowrank_compress.py --size-gb 0.1 --breakdown   # a quick run with the per-stage peaks
+    python benchmarks/lowrank_compress.py --size-gb 0.05 --dtype bfloat16   # 16-bit weights (x their own bytes)
 """
 from __future__ import annotations
 
@@ -29,25 +31,27 @@ from pathlib import Path
 import _measure  # benchmarks/_measure.py: RSS from /proc, fresh-process runs
 
 
-def generate(path: Path, size_gb: float, side: int) -> dict:
-    """size_gb of float32 side x side weights (decaying spectra: W = U diag(s) V' would be costly; a
-    product of two random thin-ish factors plus noise is cheap and has a spread spectrum) and biases."""
+def generate(path: Path, size_gb: float, side: int, dtype: str = "float32") -> dict:
+    """size_gb of side x side weights (decaying spectra: W = U diag(s) V' would be costly; a product of two
+    random thin-ish factors plus noise is cheap and has a spread spectrum) and biases, stored as `dtype`."""
     import torch
 
     from icmltools.core.seed import derive
     from icmltools.taskvec import write_state_dict
 
-    n = max(1, round(size_gb * 1e9 / (side * side * 4)))
+    dt = getattr(torch, dtype)
+    n = max(1, round(size_gb * 1e9 / (side * side * dt.itemsize)))
     sd = {}
     for i in range(n):
         g = derive(0, "bench", i).torch()
         a = torch.randn(side, side // 4, generator=g) / side ** 0.5
         b = torch.randn(side // 4, side, generator=g)
-        sd[f"layers.{i}.weight"] = a @ b + 0.1 * torch.randn(side, side, generator=g) / side ** 0.5
-        sd[f"layers.{i}.bias"] = torch.zeros(side)
+        sd[f"layers.{i}.weight"] = (a @ b + 0.1 * torch.randn(side, side, generator=g) / side ** 0.5).to(dt)
+        sd[f"layers.{i}.bias"] = torch.zeros(side, dtype=dt)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_state_dict(sd, path)
-    return {"tensors": n, "side": side, "bytes": path.stat().st_size, "largest_tensor_bytes": side * side * 4}
+    return {"tensors": n, "side": side, "dtype": dtype, "bytes": path.stat().st_size,
+            "largest_tensor_bytes": side * side * dt.itemsize}
 
 
 def _read_all(path: str) -> dict:
@@ -79,7 +83,7 @@ def _stage(name: str, path: str) -> dict:
 
     from icmltools.core.seed import derive
     from icmltools.lowrank import svd
-    from icmltools.lowrank.compress import read_checked
+    from icmltools.lowrank.compress import read_checked, row_source
     from icmltools.taskvec import open_checkpoint
 
     with open_checkpoint(path) as rd:
@@ -92,13 +96,13 @@ def _stage(name: str, path: str) -> dict:
         stages = {
             "get_into": lambda: None,
             "lapack_svd_old_exact": lambda: torch.linalg.svd(w, full_matrices=False),
-            "gram_exact": lambda: svd.exact(lambda: read_checked(rd, key), r),
+            "gram_exact": lambda: svd.exact(row_source(rd, key, "cpu"), r),
             "torch_svd_lowrank_old_randomized": lambda: torch.svd_lowrank(w, q=r + 10, niter=2),
             "randomized_halko": lambda: svd.randomized(w, r, 10, 2, derive(0, "bench")),
             "svdvals_energy_pass": lambda: torch.linalg.svdvals(w),
         }
         if name == "gram_exact":
-            del w       # the compressor hands the solver a reader, not a tensor
+            del w       # the compressor hands the solver a row-block reader, not a tensor
         stages[name]()
     return {}
 
@@ -166,6 +170,7 @@ def main():
     ap.add_argument("--size-gb", type=float, default=1.0)
     ap.add_argument("--side", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="float32", help="weights stored as float32, bfloat16 or float16")
     ap.add_argument("--modes", default="read,exact,randomized", help="which of read,exact,randomized to run")
     ap.add_argument("--breakdown", action="store_true", help="also each stage alone on one tensor")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -178,7 +183,7 @@ def main():
     tmp = Path(tempfile.mkdtemp(prefix="lowrank-bench-"))
     t0 = time.perf_counter()
     try:
-        info = generate(tmp / "model.safetensors", a.size_gb, a.side)
+        info = generate(tmp / "model.safetensors", a.size_gb, a.side, a.dtype)
         rows = {m: run_child(m, tmp / "model.safetensors", tmp / f"out-{m}", a.threads)
                 for m in ["read"] + [m for m in a.modes.split(",") if m != "read"]}
         stages = {s: run_child(s, tmp / "model.safetensors", tmp / f"out-{s}", a.threads)
