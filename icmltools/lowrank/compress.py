@@ -2,10 +2,10 @@
 
 Reading and writing go through the project's checkpoint I/O only (`icmltools.taskvec`: `open_checkpoint`
 readers for .safetensors, HF folders and weights-only torch files; `CheckpointWriter`, atomic). One tensor is
-resident at a time (plus its SVD; see `svd` for the solver's memory): peak memory ~3x the largest float32 tensor
-above the import baseline (safetensors and HF outputs; a torch-format output is collected whole by the writer). `--energy` needs every rank before
-the output header is written: a first pass takes the singular values (`torch.linalg.svdvals`) of each
-selected tensor, the second pass factors it.
+resident at a time (the exact solver reads it in row blocks; see `svd` for each solver's memory): peak memory
+~3x the largest float32 tensor above the import baseline (safetensors and HF outputs; a torch-format output is
+collected whole by the writer). `--energy` needs every rank before the output header is written: a first pass
+takes the singular values (`torch.linalg.svdvals`) of each selected tensor, the second pass factors it.
 """
 from __future__ import annotations
 
