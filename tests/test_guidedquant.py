@@ -53,20 +53,32 @@ def _official_lazy_p_step(W, H, labels, C, cd_cycles, block=128):
 # --------------------------------------------------------------------------------------------- exact checks
 
 
-def test_p_step_equals_official_lazy_block_and_plain_sweep():
+# the CPU P-step kernels: each must give the official labels (numba: the optional extra `fast`, installed by `test`)
+KERNELS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not q.numba_available(), reason="numba missing"))]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_equals_official_lazy_block_and_plain_sweep(kernel):
     W, H, F, labels, C = _problem(d_in=300, G=2)          # 300 columns: crosses two block boundaries
-    ours = q.p_step(W, H, labels, C, cd_cycles=2, block=128)
+    ours = q.p_step(W, H, labels, C, cd_cycles=2, block=128, kernel=kernel)
     official = _official_lazy_p_step(W, H, labels, C, cd_cycles=2)
     plain = q.p_step_plain(W.numpy(), H.numpy(), labels.numpy(), C.numpy(), cd_cycles=2)
     assert torch.equal(ours, official)
     assert (ours.numpy() == plain).all()
     assert (ours != labels).any()                           # the sweep did something
-    for block, inner in ((128, 8), (64, 16), (300, 300), (7, 3)):  # sub-block sizes change no label
-        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=2, block=block, inner=inner), official)
+    if kernel == "numpy":
+        for block, inner in ((128, 8), (64, 16), (300, 300), (7, 3)):  # sub-block sizes change no label
+            assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=2, block=block, inner=inner, kernel=kernel),
+                               official)
+    else:
+        for tile, cols in ((16, 256), (1, 7), (5, 300), (64, 64)):      # row tiles, column blocks
+            lab = q._p_step_numba(W.numpy(), H.numpy(), labels.numpy(), C.numpy(), 2, tile, cols)
+            assert (lab == official.numpy()).all()
     assert torch.equal(q._p_step_torch(W, H, labels, C, 2, 128), official)   # the accelerator sweep
 
 
-def test_p_step_after_a_c_step_sweeps_only_moving_rows():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_after_a_c_step_sweeps_only_moving_rows(kernel):
     """As inside LNQ (after a C-step) few labels move: later cycles sweep only the rows that changed in the
     previous one, and stop when none did; the labels are still the official sweep's."""
     W, H, F, labels, C = _problem(d_out=48, d_in=300, G=2, K=4, tokens=3000)
@@ -78,10 +90,11 @@ def test_p_step_after_a_c_step_sweeps_only_moving_rows():
     assert moved.any() and not moved.all()                 # cycle 4 moves some rows only (measured 22 of 48)
     assert torch.equal(official[8], official[9])           # converged by cycle 8
     for cycles, ref in ((4, 4), (6, 6), (10, 8)):
-        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=cycles), official[ref])
+        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=cycles, kernel=kernel), official[ref])
 
 
-def test_p_step_repeated_and_unsorted_codewords():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_repeated_and_unsorted_codewords(kernel):
     """Codebooks with repeated values (unused codewords become 0 after a C-step) and in no order: the
     midpoint search returns what argmin's first-on-ties gives."""
     W, H, F, labels, C = _problem(d_out=16, d_in=150, G=2, K=8)
@@ -90,16 +103,31 @@ def test_p_step_repeated_and_unsorted_codewords():
     C[:, 6] = 0.0
     C[::3, 4] = C[::3, 1]
     labels = q._nearest(W, C.unsqueeze(1).expand(-1, W.shape[1], -1))
-    ours = q.p_step(W, H, labels, C, cd_cycles=3, block=64, inner=8)
+    ours = q.p_step(W, H, labels, C, cd_cycles=3, block=64, inner=8, kernel=kernel)
     assert torch.equal(ours, _official_lazy_p_step(W, H, labels, C, cd_cycles=3))
     assert not bool((ours == 6).any()) and not bool((ours[::3] == 4).any())  # a repeat takes its first index
     assert bool((ours == 2).any()) and bool((ours[::3] == 1).any())
 
 
-def test_p_step_is_an_exact_coordinate_minimisation():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_tie_on_a_midpoint_goes_to_the_lower_codeword(kernel):
+    """H = I (t = w exactly) and dyadic values: a t exactly on a midpoint takes the lower codeword, in an
+    ascending codebook (where the official argmin's first-on-ties agrees) and in a descending one."""
+    C = torch.tensor([[-1.0, 0.0, 0.5, 2.0], [2.0, 0.5, 0.0, -1.0]], dtype=torch.float64)  # midpoints -.5 .25 1.25
+    w = torch.tensor([-0.5, 0.25, 1.25, -0.75, 0.375, 1.5, -3.0, 3.0], dtype=torch.float64)
+    W, H = torch.stack([w, w]), torch.eye(8, dtype=torch.float64).expand(2, 8, 8).contiguous()    # G = 2
+    labels = torch.tensor([[3] * 8, [0] * 8])
+    lab = q.p_step(W, H, labels, C, cd_cycles=2, kernel=kernel)
+    lower = torch.tensor([0, 1, 2, 0, 2, 3, 0, 3])
+    assert torch.equal(lab[0], lower) and torch.equal(lab[1], 3 - lower)
+    assert torch.equal(_official_lazy_p_step(W[:1], H[:1], labels[:1], C[:1], 2)[0], lower)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_is_an_exact_coordinate_minimisation(kernel):
     """No single entry can be moved to another codeword and lower f after a sweep converges."""
     W, H, F, labels, C = _problem(d_out=8, d_in=24, G=2, K=4)
-    lab = q.p_step(W, H, labels, C, cd_cycles=20, block=7)
+    lab = q.p_step(W, H, labels, C, cd_cycles=20, block=7, kernel=kernel)
     f = q.objective(W, q.dequant(C, lab), H)
     for i in range(0, 8, 3):
         for j in range(0, 24, 5):
@@ -107,6 +135,40 @@ def test_p_step_is_an_exact_coordinate_minimisation():
                 alt = lab.clone()
                 alt[i, j] = k
                 assert q.objective(W, q.dequant(C, alt), H) >= f - 1e-9 * abs(f)
+
+
+def test_p_step_kernel_choice(monkeypatch):
+    """auto: numba on CPU where installed, else numpy; torch on accelerators; explicit choices checked."""
+    from icmltools.core.errors import BadInputError, MissingDependencyError
+
+    assert q.pstep_kernel("cpu") == ("numba" if q.numba_available() else "numpy")
+    assert q.pstep_kernel("cuda:0") == "torch" and q.pstep_kernel("cpu", "torch") == "torch"
+    with pytest.raises(BadInputError):
+        q.pstep_kernel("cuda", "numpy")
+    with pytest.raises(BadInputError):
+        q.pstep_kernel("cpu", "fortran")
+    monkeypatch.setattr(q, "numba_available", lambda: False)
+    assert q.pstep_kernel("cpu") == "numpy"
+    with pytest.raises(MissingDependencyError):
+        q.pstep_kernel("cpu", "numba")
+
+
+@pytest.mark.skipif(not q.numba_available(), reason="numba missing")
+def test_numba_kernel_in_float32_and_no_cache_in_cwd(tmp_path):
+    """float32 (as the pipeline runs it): the numba and numpy sweeps agree with the float64 labels up to
+    near-ties; compiling or loading the cached kernel writes nothing to the working directory."""
+    W, H, F, labels, C = _problem(d_out=32, d_in=200, G=2, K=8, tokens=1000)
+    C = q.c_step(W, H, labels, 8)
+    ref = q.p_step(W, H, labels, C, cd_cycles=4, kernel="numpy")
+    args = (W.float(), H.float(), labels, C.float())
+    for kernel in ("numba", "numpy"):
+        assert (q.p_step(*args, cd_cycles=4, kernel=kernel) == ref).float().mean() > 0.999
+    code = ("import torch; from icmltools.guidedquant import quant as q; "
+            "q.p_step(torch.randn(4, 6), torch.eye(6).expand(2, 6, 6), torch.zeros(4, 6, dtype=torch.long), "
+            "torch.randn(4, 4), 2, kernel='numba')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_c_step_equals_augmented_least_squares():
@@ -238,7 +300,7 @@ def test_groups_and_bits_per_weight():
 
 def test_options_import_no_heavy_module():
     code = ("import sys, icmltools.guidedquant.options, icmltools.guidedquant; "
-            "print(','.join(m for m in ('torch', 'numpy', 'safetensors') if m in sys.modules))")
+            "print(','.join(m for m in ('torch', 'numpy', 'safetensors', 'numba') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0 and out.stdout.strip() == "", out.stdout + out.stderr
 
@@ -292,6 +354,7 @@ def test_pipeline_all_methods_on_checkpoint(ckpt, calib_text):
 
     model, _ = models.load_model(ckpt, "cpu")
     res, runs = api.quantize(model, models.load_calib(calib_text), QuantConfig(bits=(2, 4)), SMALL, "cpu", seed=0)
+    assert res["pstep_kernel"] == ("numba" if q.numba_available() else "numpy")
     assert [(r["method"], r["bits"]) for r in res["runs"]] == [(m, b) for m in METHODS for b in (2, 4)]
     for r in res["runs"]:
         assert r["monotone"] and len(r["layers"]) == 4

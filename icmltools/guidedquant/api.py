@@ -20,7 +20,7 @@ from . import methods as M
 from . import models, stats
 from .adapters import DecoderAdapter
 from .options import BITS_RANGE, DEFAULT_BITS, METHODS, NON_UNIFORM, CalibConfig, DemoConfig, QuantConfig
-from .quant import bits_per_weight
+from .quant import bits_per_weight, pstep_kernel
 
 
 def resolve(qcfg: QuantConfig, model_dir=None) -> QuantConfig:
@@ -108,7 +108,9 @@ def quantize(adapter, data, qcfg: QuantConfig, ccfg: CalibConfig, device: str, s
     calib = {"source": data.info.get("source"), "sha256": data.info.get("sha256"), "calib_seqs": ccfg.calib_seqs,
              "eval_seqs": ccfg.eval_seqs, "seq_len": ccfg.seq_len, "calib_loss": calib_loss,
              "tokens": int(calib_w.shape[0] * (calib_w.shape[1] - 1))}
-    return {"fp_loss": fp_loss, "calib": calib, "config": asdict(qcfg), "runs": rows}, runs
+    lnq = any(m.startswith("lnq") for m in qcfg.methods)
+    return {"fp_loss": fp_loss, "calib": calib, "config": asdict(qcfg),
+            "pstep_kernel": pstep_kernel(device) if lnq else None, "runs": rows}, runs
 
 
 # --------------------------------------------------------------------------------------------- outputs

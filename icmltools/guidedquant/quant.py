@@ -6,11 +6,12 @@ labels (d_out, d_in) int64; codebook C (d_out, K = 2^b).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from icmltools.core.errors import BadInputError
+from icmltools.core.errors import BadInputError, MissingDependencyError
 
 from .options import QuantConfig
 
@@ -64,25 +65,60 @@ def _nearest(t: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
     return (t.unsqueeze(-1) - C).abs().argmin(dim=-1)
 
 
+KERNELS = ("auto", "numba", "numpy", "torch")
+
+
+@functools.cache
+def numba_available() -> bool:
+    """Whether the compiled P-step can run: numba imports (`pip install 'icml-tools[fast]'`; a numba that does
+    not import, e.g. built for another numpy, counts as missing)."""
+    try:
+        from . import _pstep_numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pstep_kernel(device="cpu", kernel: str = "auto") -> str:
+    """The P-step kernel `p_step` runs for tensors on `device`: "auto" is the numba sweep on CPU where numba is
+    installed, else the numpy sweep; on other devices the torch sweep."""
+    if kernel not in KERNELS:
+        raise BadInputError(f"unknown P-step kernel {kernel!r}; choose from {', '.join(KERNELS)}", param="kernel")
+    cpu = torch.device(device).type == "cpu"
+    if kernel == "auto":
+        return ("numba" if numba_available() else "numpy") if cpu else "torch"
+    if kernel in ("numba", "numpy") and not cpu:
+        raise BadInputError(f"the {kernel} P-step runs on CPU tensors only, got {device}", param="kernel")
+    if kernel == "numba" and not numba_available():
+        raise MissingDependencyError("the numba P-step needs numba: pip install 'icml-tools[fast]'")
+    return kernel
+
+
 def p_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cd_cycles: int = 4,
-           block: int = 128, inner: int = 8, HT=None) -> torch.Tensor:
+           block: int = 128, inner: int = 8, HT=None, kernel: str = "auto") -> torch.Tensor:
     """LNQ P-step (Alg. 1, official `update_P`): `cd_cycles` sweeps of exact coordinate minimisation over the
     columns j = 0..d_in-1, all rows at once: t = w_j - sum_{k != j} (w_hat_k - w_k) Hn[k, j] with
-    Hn = H_g / diag(H_g) per column, w_hat_j = nearest codeword. Lazy blocks of `block` columns (GPTQ-style):
+    Hn = H_g / diag(H_g) per column, w_hat_j = nearest codeword. Three implementations, the same labels
+    (`pstep_kernel` picks one): "numba" (CPU, `_pstep_numba`: a compiled column loop keeping every entry's
+    t current with an update per changed label), "numpy" (CPU: lazy blocks of `block` columns, GPTQ-style:
     the other columns' contributions to a block come from one matmul; inside it, columns are swept in
     sub-blocks of `inner`, each column's change added to the rest of its sub-block, and a sub-block's changes
-    pushed to the rest of the block with one matmul. CPU tensors: a numpy sweep (`_p_step_numpy`); other
-    devices: the torch sweep (`_p_step_torch`). Both give the official labels. `HT`: `p_step_matrix(H)` when
-    the caller runs several P-steps on the same H (it does not change across LNQ iterations)."""
-    if W.device.type == "cpu":
-        HT = p_step_matrix(H) if HT is None else HT
-        return torch.from_numpy(_p_step_numpy(W.numpy(), HT, labels.numpy(), C.numpy(), cd_cycles, block, inner))
-    return _p_step_torch(W, H, labels, C, cd_cycles, block)
+    pushed to the rest of the block with one matmul) and "torch" (accelerators: the lazy blocks in torch).
+    `HT`: `p_step_matrix(H)` when the caller runs several numpy P-steps on the same H (it does not change
+    across LNQ iterations)."""
+    kernel = pstep_kernel(W.device, kernel)
+    if kernel == "torch":
+        return _p_step_torch(W, H, labels, C, cd_cycles, block)
+    if kernel == "numba":
+        return torch.from_numpy(_p_step_numba(W.numpy(), H.numpy(), labels.numpy(), C.numpy(), cd_cycles))
+    HT = p_step_matrix(H) if HT is None else HT
+    return torch.from_numpy(_p_step_numpy(W.numpy(), HT, labels.numpy(), C.numpy(), cd_cycles, block, inner))
 
 
 def p_step_matrix(H: torch.Tensor):
     """HT[g, i, k] = H_g[k, i] / H_g[i, i] for k != i, 0 on the diagonal (numpy, contiguous): row i holds the
-    weights of every column's error in t_i (the transposed column-normalised Hn of `update_P`)."""
+    weights of every column's error in t_i (the transposed column-normalised Hn of `update_P`); the numpy
+    sweep's matrix."""
     import numpy as np
 
     Hn = H.cpu().numpy()
@@ -181,6 +217,33 @@ def _sweep_inner(Wt, D, S, B, HT, cb, s: int, a: int, b: int, e: int) -> None:
         B[:, b - s:] += HT[:, b:e, a:b] @ delta
 
 
+def _p_step_numba(W, H, labels, C, cd_cycles: int, tile: int = 16, cols: int = 256):
+    """The P-step on CPU arrays with the compiled sweep (`_pstep_numba`; see `p_step`), in W's dtype: codebooks
+    sorted as in the numpy sweep (same midpoints and tie rule, a repeated value takes its first index); every
+    entry's g = ((W_hat - W) H_g)[i, j] from one matmul per group, then kept current by the sweep."""
+    import numpy as np
+
+    from . import _pstep_numba as nb
+
+    G = H.shape[0]
+    gs = W.shape[0] // G
+    W = np.ascontiguousarray(W)
+    H = np.ascontiguousarray(H, dtype=W.dtype)
+    cb = _sorted_codebook(C, G)
+    Cs = cb["flat"].reshape(C.shape)
+    vals, mids = Cs.astype(W.dtype), np.ascontiguousarray((Cs[:, 1:] + Cs[:, :-1]) / 2, dtype=W.dtype)
+    S = np.empty(W.shape, dtype=np.int64)
+    D = np.empty_like(W)
+    nb.start(W, np.ascontiguousarray(labels, dtype=np.int64), cb["rank"], vals, S, D)
+    R = np.empty_like(D)
+    for g in range(G):
+        np.matmul(D[g * gs:(g + 1) * gs], H[g], out=R[g * gs:(g + 1) * gs])
+    out = np.empty(W.shape, dtype=np.int64)
+    inv = 1 / np.diagonal(H, axis1=1, axis2=2)
+    nb.sweep(H, R, S, vals, mids, inv, cb["label"], out, gs, cd_cycles, tile, cols)
+    return out
+
+
 def _p_step_torch(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cd_cycles: int,
                   block: int) -> torch.Tensor:
     """The P-step in torch (accelerators: one kernel per step, no host round trips): lazy blocks, each
@@ -252,18 +315,21 @@ def c_step(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, K: int, reg: 
     return out
 
 
-def lnq(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cfg: QuantConfig) -> dict:
+def lnq(W: torch.Tensor, H: torch.Tensor, labels: torch.Tensor, C: torch.Tensor, cfg: QuantConfig,
+        kernel: str = "auto") -> dict:
     """LNQ (Alg. 1, official `train_least_squares`) from an init (labels, C), H already damped: iteration 1 is a
     C-step only, later ones a P-step then a C-step; after each C-step the result is kept if f fell, else the
-    best is restored and the loop stops. Returns labels, codebook, the accepted trace and the raw trace."""
+    best is restored and the loop stops. `kernel`: the P-step's (`pstep_kernel`). Returns labels, codebook, the
+    accepted trace and the raw trace."""
     K = C.shape[1]
     best = objective(W, dequant(C, labels), H)
     trace, raw = [best], [best]
     best_lab, best_C = labels, C
-    HT = p_step_matrix(H) if H.device.type == "cpu" and cfg.iters > 1 else None
+    kernel = pstep_kernel(W.device, kernel)
+    HT = p_step_matrix(H) if kernel == "numpy" and cfg.iters > 1 else None
     for it in range(cfg.iters):
         if it > 0:
-            labels = p_step(W, H, labels, C, cfg.cd_cycles, cfg.block, HT=HT)
+            labels = p_step(W, H, labels, C, cfg.cd_cycles, cfg.block, HT=HT, kernel=kernel)
             raw.append(objective(W, dequant(C, labels), H))
         C = c_step(W, H, labels, K, cfg.c_reg)
         f = objective(W, dequant(C, labels), H)

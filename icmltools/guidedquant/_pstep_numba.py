@@ -1,0 +1,117 @@
+"""The LNQ P-step sweep compiled with numba (the optional extra `icml-tools[fast]`); imported only by
+`quant.p_step` on CPU, never at package import. Same coordinate descent as the official lazy-block `update_P`
+(and `quant._p_step_numpy`), in a column loop: per column j, t = w_j - r_j with
+r_j = sum_{k != j} (w_hat_k - w_k) H[k, j] / H[j, j] kept current for every row, w_hat_j = the nearest
+codeword; when an entry's label changes by delta, r += delta * M[j] (M[j, m] = H[j, m] / H[m, m], 0 at
+m = j), so a column costs one comparison per row and an update of d values per changed label, in place of
+the dense d_out d^2 product per cycle. Rows are independent problems: they are swept in tiles (the row of M
+read once per tile), and a row with no change during a cycle has converged (it would see the same t again)
+and is left out of the next ones.
+
+Compiled once and cached (`cache=True`): numba writes the cache next to this file (`__pycache__`) when that
+folder is writable, else under its user-wide cache folder (~/.cache/numba; `NUMBA_CACHE_DIR` overrides
+both); nothing is written to the working directory. Where no cache location is writable the kernel is
+compiled in every process (`CACHED` is False).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+def _nearest(mid, t):
+    """Number of the ascending midpoints `mid` below t: a count for short codebooks (no branches), a binary
+    search for long ones."""
+    n = mid.shape[0]
+    if n < 16:
+        k = 0
+        for m in range(n):
+            k += mid[m] < t
+        return k
+    lo, hi = 0, n
+    while lo < hi:
+        m = (lo + hi) // 2
+        if mid[m] < t:
+            lo = m + 1
+        else:
+            hi = m
+    return lo
+
+
+def _start(W, labels, rank, vals, S, D):
+    """S[i, j] = rank[i, labels[i, j]] (the entry's position in its row's ascending codebook), and the error
+    D = W_hat - W."""
+    for i in range(W.shape[0]):
+        for j in range(W.shape[1]):
+            S[i, j] = rank[i, labels[i, j]]
+            D[i, j] = vals[i, S[i, j]] - W[i, j]
+
+
+def _axpy(r, a, x):
+    """r += a x."""
+    for m in range(r.shape[0]):
+        r[m] += a * x[m]
+
+
+def _row_block(R, S, Hg, inv, vals, mids, i, j0, j1):
+    """Columns j0..j1-1 of row i, in order: t = w_hat_j - g_j / H[j, j] (= w_j minus the other columns' errors
+    weighted by H[k, j] / H[j, j]) and its nearest codeword; a change by delta adds delta H[j] to the row's g.
+    Returns the number of changes."""
+    r, srow, v, mid = R[i], S[i], vals[i], mids[i]
+    nc = 0
+    for j in range(j0, j1):
+        s = srow[j]
+        k = _nearest(mid, v[s] - r[j] * inv[j])
+        if k != s:
+            srow[j] = k
+            nc += 1
+            _axpy(r, v[k] - v[s], Hg[j])
+    return nc
+
+
+def _sweep(H, R, S, vals, mids, inv, label, out, gs, cycles, tile, cols):
+    """In place on R (d_out, d), each entry's running g = ((W_hat - W) H_g)[i, j], and S (d_out, d), each
+    entry's position in its row's ascending codebook `vals` (d_out, K) with midpoints `mids` (d_out, K - 1):
+    `cycles` sweeps over the columns j = 0..d-1 of the rows of each group g (H[g], `gs` rows each,
+    inv[g] = 1 / diag H[g]), in tiles of `tile` rows and blocks of `cols` columns (a block of H[g] is read
+    once per tile). The nearest codeword of t is the number of midpoints below t (a t exactly on a midpoint
+    goes to the lower codeword; NaN to the first). A row with no change in a cycle has converged and is left
+    out of the next ones. Writes the labels, out[i, j] = label[i, S[i, j]]; returns the number of changes."""
+    d = R.shape[1]
+    changes = 0
+    moved = np.empty(tile, np.int64)
+    for g in range(H.shape[0]):
+        for i0 in range(g * gs, (g + 1) * gs, tile):
+            n = min(tile, (g + 1) * gs - i0)
+            moved[:] = 1
+            for _ in range(cycles):
+                active = moved[:n] > 0
+                if not active.any():
+                    break
+                moved[:] = 0
+                for j0 in range(0, d, cols):
+                    for a in range(n):
+                        if active[a]:
+                            moved[a] += _row_block(R, S, H[g], inv[g], vals, mids, i0 + a, j0, min(j0 + cols, d))
+                changes += moved[:n].sum()
+            for i in range(i0, i0 + n):
+                for j in range(d):
+                    out[i, j] = label[i, S[i, j]]
+    return changes
+
+
+def _jit(fn):
+    global CACHED
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # numba found no writable cache location: compile in every process
+        CACHED = False
+        return numba.njit(nogil=True)(fn)
+
+
+CACHED = True
+_nearest = _jit(_nearest)
+_axpy = _jit(_axpy)
+_row_block = _jit(_row_block)
+start = _jit(_start)
+sweep = _jit(_sweep)
