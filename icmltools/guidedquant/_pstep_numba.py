@@ -1,12 +1,12 @@
 """The LNQ P-step sweep compiled with numba (the optional extra `icml-tools[fast]`); imported only by
-`quant.p_step` on CPU, never at package import. Same coordinate descent as the official lazy-block `update_P`
-(and `quant._p_step_numpy`), in a column loop: per column j, t = w_j - r_j with
-r_j = sum_{k != j} (w_hat_k - w_k) H[k, j] / H[j, j] kept current for every row, w_hat_j = the nearest
-codeword; when an entry's label changes by delta, r += delta * M[j] (M[j, m] = H[j, m] / H[m, m], 0 at
-m = j), so a column costs one comparison per row and an update of d values per changed label, in place of
-the dense d_out d^2 product per cycle. Rows are independent problems: they are swept in tiles (the row of M
-read once per tile), and a row with no change during a cycle has converged (it would see the same t again)
-and is left out of the next ones.
+`quant.p_step` on CPU (through `quant.numba_available`), never at package import. Same coordinate descent as
+the official lazy-block `update_P` (Alg. 1's P-step; and `quant._p_step_numpy`), in a column loop: every
+entry keeps g_ij = ((W_hat - W) H_g)[i, j] (from one matmul per group, done by the caller), so per column j
+t = w_hat_j - g_j / H[j, j] = w_j - sum_{k != j} (w_hat_k - w_k) H[k, j] / H[j, j] and w_hat_j = the nearest
+codeword; when an entry's label changes by delta, its row's g += delta H_g[j]. A column costs one comparison
+per row and an update of d values per changed label, in place of the dense d_out d^2 product per cycle. Rows
+are independent problems: they are swept in tiles, columns in blocks (a block of H_g read once per tile), and
+a row with no change during a cycle has converged (it would see the same t again) and leaves the next ones.
 
 Compiled once and cached (`cache=True`): numba writes the cache next to this file (`__pycache__`) when that
 folder is writable, else under its user-wide cache folder (~/.cache/numba; `NUMBA_CACHE_DIR` overrides
