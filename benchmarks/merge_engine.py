@@ -187,7 +187,8 @@ def _compare_mergekit(folder: Path, n: int, method: str, mk_out: Path) -> dict:
     base_p, model_ps = _paths(folder, "hf", n)
     ours = folder / f"ours_{method}.safetensors"
     E.merge_to_checkpoint(open_checkpoint(base_p), [open_checkpoint(p) for p in model_ps],
-                          E.make_plan(method, n, densities=[0.2] if method == "ties" else None), 1.0, ours)
+                          E.make_plan(method, n, densities=[0.2] if method == "ties" else None), 1.0, ours,
+                          fmt="safetensors")
     a, b = open_checkpoint(ours), open_checkpoint(mk_out)
     worst, differ, total = 0.0, 0, 0
     for k in a.keys():
