@@ -3,6 +3,7 @@ the augmented least squares, guided H with equal saliencies, uniform grids, exac
 the pipeline on a tiny fope-train checkpoint, the CLI and its bad inputs; the demo's orderings (slow)."""
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -77,15 +78,23 @@ def test_p_step_equals_official_lazy_block_and_plain_sweep(kernel):
     assert torch.equal(q._p_step_torch(W, H, labels, C, 2, 128), official)   # the accelerator sweep
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_p_step_after_a_c_step_sweeps_only_moving_rows(kernel):
-    """As inside LNQ (after a C-step) few labels move: later cycles sweep only the rows that changed in the
-    previous one, and stop when none did; the labels are still the official sweep's."""
+@functools.cache
+def _after_c_step_official():
+    """The official sweep's labels after 3, 4, 6, 8 and 9 cycles, from the k-means labels and a C-step's
+    codebook (computed once for every kernel's test)."""
     W, H, F, labels, C = _problem(d_out=48, d_in=300, G=2, K=4, tokens=3000)
     C = q.c_step(W, H, labels, 4)
     official = {3: _official_lazy_p_step(W, H, labels, C, cd_cycles=3)}   # a sweep starts from the labels only
     for c, prev, n in ((4, 3, 1), (6, 4, 2), (8, 6, 2), (9, 8, 1)):
         official[c] = _official_lazy_p_step(W, H, official[prev], C, cd_cycles=n)
+    return W, H, labels, C, official
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_after_a_c_step_sweeps_only_moving_rows(kernel):
+    """As inside LNQ (after a C-step) few labels move: later cycles sweep only the rows that changed in the
+    previous one, and stop when none did; the labels are still the official sweep's."""
+    W, H, labels, C, official = _after_c_step_official()
     moved = (official[3] != official[4]).any(1)
     assert moved.any() and not moved.all()                 # cycle 4 moves some rows only (measured 22 of 48)
     assert torch.equal(official[8], official[9])           # converged by cycle 8
@@ -107,6 +116,16 @@ def test_p_step_repeated_and_unsorted_codewords(kernel):
     assert torch.equal(ours, _official_lazy_p_step(W, H, labels, C, cd_cycles=3))
     assert not bool((ours == 6).any()) and not bool((ours[::3] == 4).any())  # a repeat takes its first index
     assert bool((ours == 2).any()) and bool((ours[::3] == 1).any())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_long_codebooks(kernel):
+    """5 and 8 bits (32 and 256 codewords: the numba kernel's binary search over the midpoints)."""
+    for K in (32, 256):
+        W, H, F, labels, C = _problem(d_out=8, d_in=140, G=2, K=K)
+        official = _official_lazy_p_step(W, H, labels, C, cd_cycles=2)
+        assert (official != labels).any()
+        assert torch.equal(q.p_step(W, H, labels, C, cd_cycles=2, kernel=kernel), official)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -153,16 +172,20 @@ def test_p_step_kernel_choice(monkeypatch):
         q.pstep_kernel("cpu", "numba")
 
 
-@pytest.mark.skipif(not q.numba_available(), reason="numba missing")
-def test_numba_kernel_in_float32_and_no_cache_in_cwd(tmp_path):
-    """float32 (as the pipeline runs it): the numba and numpy sweeps agree with the float64 labels up to
-    near-ties; compiling or loading the cached kernel writes nothing to the working directory."""
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_p_step_in_float32(kernel):
+    """float32 (as the pipeline runs it): the labels agree with the float64 ones up to near-ties."""
     W, H, F, labels, C = _problem(d_out=32, d_in=200, G=2, K=8, tokens=1000)
     C = q.c_step(W, H, labels, 8)
     ref = q.p_step(W, H, labels, C, cd_cycles=4, kernel="numpy")
-    args = (W.float(), H.float(), labels, C.float())
-    for kernel in ("numba", "numpy"):
-        assert (q.p_step(*args, cd_cycles=4, kernel=kernel) == ref).float().mean() > 0.999
+    lab = q.p_step(W.float(), H.float(), labels, C.float(), cd_cycles=4, kernel=kernel)
+    assert (lab != labels).float().mean() > 0.05 and (lab == ref).float().mean() > 0.999
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not q.numba_available(), reason="numba missing")
+def test_numba_kernel_writes_nothing_in_cwd(tmp_path):
+    """Compiling or loading the cached kernel in a fresh process writes nothing to the working directory."""
     code = ("import torch; from icmltools.guidedquant import quant as q; "
             "q.p_step(torch.randn(4, 6), torch.eye(6).expand(2, 6, 6), torch.zeros(4, 6, dtype=torch.long), "
             "torch.randn(4, 4), 2, kernel='numba')")
