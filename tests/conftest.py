@@ -1,6 +1,17 @@
 import os
+import signal
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_reaches_python():
+    """The Ctrl-C tests need SIGINT to raise KeyboardInterrupt here and in the commands they start. A shell
+    that runs the suite in the background (`make test &`, nohup) hands it SIGINT ignored, which children
+    inherit and Python then leaves ignored; restore Python's handler (children then start with the default)."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 @pytest.fixture(autouse=True)

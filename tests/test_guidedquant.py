@@ -533,7 +533,7 @@ def test_hf_causal_lm(kind, run_cli, calib_text, tmp_path):
     """A Hugging Face folder: quantized through transformers (local files), rtn worst at 2 bits, the
     dequantized folder loads with from_pretrained and gives the reported loss; GPT-2's Conv1D weights are
     quantized as W = weight^T and written back transposed."""
-    import transformers
+    transformers = pytest.importorskip("transformers")
     from safetensors import safe_open
 
     from icmltools.guidedquant import hf, models, stats
