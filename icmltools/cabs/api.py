@@ -140,21 +140,6 @@ class FileJob:
                 "plan": self.plan.describe(), "lam_grid": self.lam_grid, "eval_cmd": self.eval_cmd, **self.source}
 
 
-def _check_paths(base: str, models: Sequence[str]) -> None:
-    """The base given as a model, or a model given twice, is a mistake: refused before anything is opened."""
-    from pathlib import Path
-
-    seen: dict = {}
-    b = Path(base).resolve()
-    for c in models:
-        r = Path(c).resolve()
-        if r == b:
-            raise BadInputError(f"{c}: is the base itself (its task vector is zero)", param="models")
-        if r in seen:
-            raise BadInputError(f"{c}: given twice (also as {seen[r]})", param="models")
-        seen[r] = c
-
-
 def _lams(lam: Sequence[float], k: int) -> list[float]:
     lams = [float(x) for x in lam]
     if len(lams) == 1:
@@ -184,7 +169,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
         raise BadInputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}", param="method")
     if not models:
         raise BadInputError("no model given", param="models")
-    _check_paths(base, models)
+    E.check_model_paths(base, models, "models")
     k = len(models)
     nms = P.resolve_nms(k, nm, nm_for)
     P.check_tail(tail)

@@ -52,6 +52,23 @@ __all__ = ["MergeMethod", "REGISTRY", "register", "get_method", "Plan", "make_pl
 # --------------------------------------------------------------------------------------------- the method interface
 
 
+
+def check_model_paths(base: str, models: Sequence[str], param: str = "models") -> None:
+    """The base given as a model (a zero task vector) or a model given twice (an overlapping shell glob) is a
+    mistake: refused before anything is opened, naming `param`."""
+    from pathlib import Path
+
+    seen: dict = {}
+    b = Path(base).resolve()
+    for c in models:
+        r = Path(c).resolve()
+        if r == b:
+            raise BadInputError(f"{c}: is the base itself (its task vector is zero)", param=param)
+        if r in seen:
+            raise BadInputError(f"{c}: given twice (also as {seen[r]})", param=param)
+        seen[r] = c
+
+
 class MergeMethod(abc.ABC):
     """One merge of N task vectors, per tensor, fed one model at a time (mergekit's ``MergeMethod``, streamed).
 

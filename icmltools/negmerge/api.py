@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from icmltools.core.errors import BadInputError
+from icmltools.merge.engine import check_model_paths
 from icmltools.merge.search import search_files
 from icmltools.taskvec import default_output_name, open_checkpoint, resolve_output_format
 
@@ -146,20 +147,6 @@ class FileJob:
                 "allow_non_finite": self.allow_non_finite}
 
 
-def _check_paths(base: str, candidates: Sequence[str]) -> None:
-    """The base given as a candidate (a zero task vector: NegMerge would keep nothing) or a candidate given
-    twice (a shell glob that overlaps) is a mistake: refused, before anything is opened."""
-    seen: dict = {}
-    b = Path(base).resolve()
-    for c in candidates:
-        r = Path(c).resolve()
-        if r == b:
-            raise BadInputError(f"{c}: is the base itself (its task vector is zero)", param="candidates")
-        if r in seen:
-            raise BadInputError(f"{c}: given twice (also as {seen[r]})", param="candidates")
-        seen[r] = c
-
-
 def prepare_files(base: str, candidates: Sequence[str], *, method: str = MergeConfig.method,
                   index: int = MergeConfig.index, ties_k: float = MergeConfig.ties_k,
                   dare_p: float = MergeConfig.dare_p, seed: int = MergeConfig.seed, out_format: str = "same",
@@ -171,7 +158,7 @@ def prepare_files(base: str, candidates: Sequence[str], *, method: str = MergeCo
     NaN/inf values are found while the merge streams (refused unless `allow_non_finite`)."""
     if not candidates:
         raise BadInputError("no candidate checkpoint given", param="candidates")
-    _check_paths(base, candidates)
+    check_model_paths(base, candidates, "candidates")
     grid = resolve_grid(lam, lam_grid)
     if grid is None:
         raise BadInputError("give a fixed lambda, or a grid with an evaluation command", param="lam")
