@@ -45,7 +45,7 @@ DC = options.DemoConfig
                    "The other pruning methods use density n/m.")
 @click.option("--nm-for", multiple=True, metavar="I=N:M",
               help="The n:m of model I (0-based, in the model order); repeat.")
-@click.option("--lam", type=merge_options.PerModelFloats(), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
+@click.option("--lam", type=merge_options.per_model_floats(), default=options.DEFAULT_LAM, metavar="L|L1,L2,..",
               help="Lambda: one for all models, or one per model in the model order.")
 @click.option("--lam-grid", default=None, metavar="START:STOP:STEP|A,B,..",
               help="Search a global scale s (theta_0 + s * sum_k lam_k * pruned_k) with --eval-cmd; the best is written.")

@@ -108,18 +108,20 @@ class CommaList(click.ParamType):
     """A comma-separated list option: `--pe rope,fope`, `--errors 0.9,0.5`.
 
     `choices` (kept once, in the method's stdlib-only `options` module) are matched case-insensitively;
-    `all` expands to every choice when `allow_all`; duplicates are dropped in order. `kind=float` parses
-    numbers (finite only). Returns a tuple.
+    `all` expands to every choice when `allow_all`; duplicates are dropped in order unless `unique=False`
+    (per-model values: `--lam 0.5,0.5,0.2`). `kind=float` parses numbers (finite only). Returns a tuple.
     """
 
     name = "list"
 
-    def __init__(self, choices=None, kind=str, allow_all: bool = False, min_items: int = 1, positive: bool = False):
+    def __init__(self, choices=None, kind=str, allow_all: bool = False, min_items: int = 1, positive: bool = False,
+                 unique: bool = True):
         self.choices = tuple(choices) if choices is not None else None
         self.kind = kind
         self.allow_all = allow_all
         self.min_items = min_items
         self.positive = positive
+        self.unique = unique
 
     def get_metavar(self, param, ctx=None):
         if self.choices:
@@ -146,10 +148,8 @@ class CommaList(click.ParamType):
                     x = float(item)
                 except ValueError:
                     self.fail(f"{item!r} is not a number (expected comma-separated numbers)", param, ctx)
-                if not math.isfinite(x):
-                    self.fail(f"{item!r} is not a finite number", param, ctx)
-                if self.positive and not x > 0:
-                    self.fail(f"{item!r}: expected positive numbers", param, ctx)
+                if not math.isfinite(x) or (self.positive and not x > 0):
+                    self.fail(f"{item!r} is not a finite{' positive' * self.positive} number", param, ctx)
                 out.append(x)
                 continue
             if self.choices is None:
@@ -165,7 +165,8 @@ class CommaList(click.ParamType):
                 self.fail(f"unknown {item!r}; choose from {', '.join(self.choices)}{extra} (comma-separated)",
                           param, ctx)
             out.append(match[0])
-        out = list(dict.fromkeys(out))
+        if self.unique:
+            out = list(dict.fromkeys(out))
         if len(out) < self.min_items:
             self.fail(f"give at least {self.min_items} item(s)", param, ctx)
         return tuple(out)

@@ -13,36 +13,17 @@ import click
 from icmltools.merge import options as engine_options
 from icmltools.taskvec.formats import OUTPUT_FORMATS
 
+from . import common
+
 FORMATS = ("same",) + OUTPUT_FORMATS
 DTYPES = ("same", "float32", "float16", "bfloat16")
 BASE_HELP = "Base checkpoint theta_0: .safetensors, a weights-only torch file (.pt/.pth/.bin), or a Hugging Face folder."
 
 
-class PerModelFloats(click.ParamType):
-    """`0.6,0.4,0.4`: one finite number per model, in order, repeats kept (``common.CommaList`` drops repeated
-    values, which would shift the per-model values); `positive` refuses values <= 0."""
-
-    name = "per-model numbers"
-
-    def __init__(self, positive: bool = False):
-        self.positive = positive
-
-    def convert(self, value, param, ctx):
-        import math
-
-        if isinstance(value, tuple):
-            return value
-        out = []
-        for item in (v.strip() for v in str(value).split(",")):
-            try:
-                x = float(item)
-            except ValueError:
-                self.fail(f"{item!r} is not a number (expected one number, or one per model, comma-separated)",
-                          param, ctx)
-            if not math.isfinite(x) or (self.positive and not x > 0):
-                self.fail(f"{item!r} is not a finite{' positive' * self.positive} number", param, ctx)
-            out.append(x)
-        return tuple(out)
+def per_model_floats(positive: bool = False) -> common.CommaList:
+    """`0.6,0.4,0.4`: one finite number, or one per model in order (repeats kept: dropping them would shift the
+    per-model values)."""
+    return common.CommaList(kind=float, positive=positive, unique=False)
 
 
 def file_options(*, models: str = "models", models_flags: tuple = ("-m", "--model"),
@@ -58,10 +39,10 @@ def file_options(*, models: str = "models", models_flags: tuple = ("-m", "--mode
     opts = [click.option("--base", type=click.Path(exists=False), default=None, help=base_help),
             click.option(*models_flags, models, multiple=True, type=click.Path(exists=False), help=models_help)]
     if weights:
-        opts.append(click.option("--weight", "weights", type=PerModelFloats(), default=None,
+        opts.append(click.option("--weight", "weights", type=per_model_floats(), default=None,
                                  metavar="W|W1,W2,..", help="Per-model weight (one for all, or one per model)."))
     if densities:
-        opts.append(click.option("--density", "densities", type=PerModelFloats(positive=True),
+        opts.append(click.option("--density", "densities", type=per_model_floats(positive=True),
                                  default=None, metavar="D|D1,D2,..",
                                  help=f"Per-model density in (0, 1] (default {engine_options.DENSITY})."))
     if filters:
