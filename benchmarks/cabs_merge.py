@@ -24,8 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from merge_engine import layout  # benchmarks/merge_engine.py: the Llama layout, here without the norms (spec)
+
 ROOT = Path(__file__).resolve().parents[1]
-VOCAB, HID, FFN = 32000, 2048, 5632
 METHODS = ("task_arithmetic", "cabs", "bs", "ca_magnitude")
 RSS_TARGET_GB, SECONDS_TARGET = 2.5, 60.0
 
@@ -41,20 +42,6 @@ print(time.perf_counter() - t0)
 """
 
 
-def layout(gb: float) -> list[tuple[str, tuple]]:
-    """Tensor names and shapes of a model of about `gb` GB in bf16 (at least one block)."""
-    block = 4 * HID * HID + 3 * HID * FFN
-    fixed = 2 * VOCAB * HID
-    n_blocks = max(1, round((gb * 1e9 / 2 - fixed) / block))
-    out = [("model.embed_tokens.weight", (VOCAB, HID))]
-    for b in range(n_blocks):
-        p = f"model.layers.{b}."
-        out += [(p + f"self_attn.{x}_proj.weight", (HID, HID)) for x in "qkvo"]
-        out += [(p + "mlp.gate_proj.weight", (FFN, HID)), (p + "mlp.up_proj.weight", (FFN, HID)),
-                (p + "mlp.down_proj.weight", (HID, FFN))]
-    return out + [("lm_head.weight", (VOCAB, HID))]
-
-
 def generate(folder: Path, gb: float, n: int) -> list[Path]:
     """base.safetensors and model_i.safetensors (base + small noise), one tensor in memory at a time per file."""
     import torch
@@ -62,7 +49,7 @@ def generate(folder: Path, gb: float, n: int) -> list[Path]:
 
     from icmltools.core.seed import derive
 
-    shapes = layout(gb)
+    shapes = layout(gb, norms=False)
     paths = [folder / "base.safetensors"] + [folder / f"model_{i}.safetensors" for i in range(n)]
     g = derive(0, "bench-cabs").torch()
     base = {k: torch.randn(s, generator=g).to(torch.bfloat16) for k, s in shapes}

@@ -29,19 +29,21 @@ METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcr
 RSS_TARGET_GB, RATIO_TARGET = 2.5, 0.5
 
 
-def layout(gb: float) -> list[tuple[str, tuple]]:
-    """Tensor names and shapes of a model of about `gb` GB in bf16 (at least one block)."""
-    block = 4 * HID * HID + 3 * HID * FFN + 2 * HID
-    fixed = 2 * VOCAB * HID + HID
+def layout(gb: float, norms: bool = True) -> list[tuple[str, tuple]]:
+    """Tensor names and shapes of a Llama-layout model of about `gb` GB in bf16 (at least one block); without
+    `norms` only the matrices (the CABS spec's layout, benchmarks/cabs_merge.py)."""
+    block = 4 * HID * HID + 3 * HID * FFN + 2 * HID * norms
+    fixed = 2 * VOCAB * HID + HID * norms
     n_blocks = max(1, round((gb * 1e9 / 2 - fixed) / block))
     out = [("model.embed_tokens.weight", (VOCAB, HID))]
     for b in range(n_blocks):
         p = f"model.layers.{b}."
         out += [(p + f"self_attn.{x}_proj.weight", (HID, HID)) for x in "qkvo"]
         out += [(p + "mlp.gate_proj.weight", (FFN, HID)), (p + "mlp.up_proj.weight", (FFN, HID)),
-                (p + "mlp.down_proj.weight", (HID, FFN)), (p + "input_layernorm.weight", (HID,)),
-                (p + "post_attention_layernorm.weight", (HID,))]
-    return out + [("model.norm.weight", (HID,)), ("lm_head.weight", (VOCAB, HID))]
+                (p + "mlp.down_proj.weight", (HID, FFN))]
+        if norms:
+            out += [(p + "input_layernorm.weight", (HID,)), (p + "post_attention_layernorm.weight", (HID,))]
+    return out + [("model.norm.weight", (HID,))] * norms + [("lm_head.weight", (VOCAB, HID))]
 
 
 def generate(folder: Path, gb: float, n: int) -> dict:
