@@ -14,9 +14,10 @@ lint:
 test: install lint
 	$(PY) -m pytest
 
-# Everything but the tests marked slow (no install step: for the edit-test loop).
+# Everything but the tests marked slow, on $(WORKERS) pytest-xdist workers (no install step: for the edit-test loop).
+WORKERS ?= 2
 test-fast: lint
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -m "not slow" -n $(WORKERS)
 
 # The main demo: a summary table on the terminal (stderr); the JSON document goes to runs/demo.json.
 demo: install

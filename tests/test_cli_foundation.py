@@ -237,6 +237,7 @@ def test_device_resolution():
             resolve_device("cuda:0")
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")
 def test_safe_torch_load_refuses_code_pickles(tmp_path):
     import pickle
 
