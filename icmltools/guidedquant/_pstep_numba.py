@@ -53,15 +53,20 @@ def _axpy(r, a, x):
         r[m] += a * x[m]
 
 
-def _row_block(R, S, Hg, inv, vals, mids, i, j0, j1):
+def _row_block(R, S, Hg, inv, vals, mids, bounds, i, j0, j1):
     """Columns j0..j1-1 of row i, in order: t = w_hat_j - g_j / H[j, j] (= w_j minus the other columns' errors
     weighted by H[k, j] / H[j, j]) and its nearest codeword; a change by delta adds delta H[j] to the row's g.
-    Returns the number of changes."""
-    r, srow, v, mid = R[i], S[i], vals[i], mids[i]
+    Most labels stay: codeword s is the nearest (s midpoints below t) exactly when bounds[s] < t <= bounds[s + 1]
+    (`bounds` = the midpoints with -inf and +inf around them, ascending), two comparisons; the search runs
+    only otherwise (a NaN t fails the test and gets the search's answer). Returns the number of changes."""
+    r, srow, v, mid, b = R[i], S[i], vals[i], mids[i], bounds[i]
     nc = 0
     for j in range(j0, j1):
         s = srow[j]
-        k = _nearest(mid, v[s] - r[j] * inv[j])
+        t = v[s] - r[j] * inv[j]
+        if b[s] < t and not b[s + 1] < t:
+            continue
+        k = _nearest(mid, t)
         if k != s:
             srow[j] = k
             nc += 1
@@ -69,7 +74,7 @@ def _row_block(R, S, Hg, inv, vals, mids, i, j0, j1):
     return nc
 
 
-def _sweep(H, R, S, vals, mids, inv, label, out, gs, cycles, tile, cols):
+def _sweep(H, R, S, vals, mids, bounds, inv, label, out, gs, cycles, tile, cols):
     """In place on R (d_out, d), each entry's running g = ((W_hat - W) H_g)[i, j], and S (d_out, d), each
     entry's position in its row's ascending codebook `vals` (d_out, K) with midpoints `mids` (d_out, K - 1):
     `cycles` sweeps over the columns j = 0..d-1 of the rows of each group g (H[g], `gs` rows each,
@@ -92,7 +97,7 @@ def _sweep(H, R, S, vals, mids, inv, label, out, gs, cycles, tile, cols):
                 for j0 in range(0, d, cols):
                     for a in range(n):
                         if active[a]:
-                            moved[a] += _row_block(R, S, H[g], inv[g], vals, mids, i0 + a, j0, min(j0 + cols, d))
+                            moved[a] += _row_block(R, S, H[g], inv[g], vals, mids, bounds, i0 + a, j0, min(j0 + cols, d))
                 changes += moved[:n].sum()
             for i in range(i0, i0 + n):
                 for j in range(d):
@@ -100,18 +105,18 @@ def _sweep(H, R, S, vals, mids, inv, label, out, gs, cycles, tile, cols):
     return changes
 
 
-def _jit(fn):
+def _jit(fn, **opts):
     global CACHED
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
+        return numba.njit(cache=True, nogil=True, **opts)(fn)
     except RuntimeError:  # numba found no writable cache location: compile in every process
         CACHED = False
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, **opts)(fn)
 
 
 CACHED = True
 _nearest = _jit(_nearest)
-_axpy = _jit(_axpy)
+_axpy = _jit(_axpy, fastmath={"contract"})   # r + a x as one fused multiply-add
 _row_block = _jit(_row_block)
 start = _jit(_start)
 sweep = _jit(_sweep)

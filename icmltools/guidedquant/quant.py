@@ -232,7 +232,7 @@ def _p_step_numba(W, H, labels, C, cd_cycles: int, tile: int = 16, cols: int = 2
     cb = _sorted_codebook(C, G)
     Cs = cb["flat"].reshape(C.shape)
     vals, mids = Cs.astype(W.dtype), np.ascontiguousarray((Cs[:, 1:] + Cs[:, :-1]) / 2, dtype=W.dtype)
-    S = np.empty(W.shape, dtype=np.int64)
+    S = np.empty(W.shape, dtype=np.uint8 if C.shape[1] <= 256 else np.int64)
     D = np.empty_like(W)
     nb.start(W, np.ascontiguousarray(labels, dtype=np.int64), cb["rank"], vals, S, D)
     R = np.empty_like(D)
@@ -240,7 +240,9 @@ def _p_step_numba(W, H, labels, C, cd_cycles: int, tile: int = 16, cols: int = 2
         np.matmul(D[g * gs:(g + 1) * gs], H[g], out=R[g * gs:(g + 1) * gs])
     out = np.empty(W.shape, dtype=np.int64)
     inv = 1 / np.diagonal(H, axis1=1, axis2=2)
-    nb.sweep(H, R, S, vals, mids, inv, cb["label"], out, gs, cd_cycles, tile, cols)
+    inf = np.full((W.shape[0], 1), np.inf, dtype=W.dtype)
+    bounds = np.ascontiguousarray(np.concatenate([-inf, mids, inf], axis=1))
+    nb.sweep(H, R, S, vals, mids, bounds, inv, cb["label"], out, gs, cd_cycles, tile, cols)
     return out
 
 
