@@ -42,15 +42,16 @@ def _start(W, labels, rank, vals, S, D):
     """S[i, j] = rank[i, labels[i, j]] (the entry's position in its row's ascending codebook), and the error
     D = W_hat - W."""
     for i in range(W.shape[0]):
-        for j in range(W.shape[1]):
-            S[i, j] = rank[i, labels[i, j]]
-            D[i, j] = vals[i, S[i, j]] - W[i, j]
+        s, d, w, lab, rk, v = S[i], D[i], W[i], labels[i], rank[i], vals[i]
+        for j in range(w.shape[0]):
+            s[j] = rk[lab[j]]
+            d[j] = v[s[j]] - w[j]
 
 
-def _axpy(r, a, x):
-    """r += a x."""
+def _axpy(r, a, X, j):
+    """r += a X[j] (the row indexed in place: a row view would cost reference counting per call)."""
     for m in range(r.shape[0]):
-        r[m] += a * x[m]
+        r[m] += a * X[j, m]
 
 
 def _row_block(R, S, Hg, inv, vals, mids, bounds, i, j0, j1):
@@ -59,18 +60,19 @@ def _row_block(R, S, Hg, inv, vals, mids, bounds, i, j0, j1):
     Most labels stay: codeword s is the nearest (s midpoints below t) exactly when bounds[s] < t <= bounds[s + 1]
     (`bounds` = the midpoints with -inf and +inf around them, ascending), two comparisons; the search runs
     only otherwise (a NaN t fails the test and gets the search's answer). Returns the number of changes."""
-    r, srow, v, mid, b = R[i], S[i], vals[i], mids[i], bounds[i]
+    r, v, mid, b = R[i], vals[i], mids[i], bounds[i]
+    rb, sb, ib = r[j0:j1], S[i, j0:j1], inv[j0:j1]  # the block's columns, indexed from 0 (no negative-index checks)
     nc = 0
-    for j in range(j0, j1):
-        s = srow[j]
-        t = v[s] - r[j] * inv[j]
+    for m in range(rb.shape[0]):
+        s = sb[m]
+        t = v[s] - rb[m] * ib[m]
         if b[s] < t and not b[s + 1] < t:
             continue
         k = _nearest(mid, t)
         if k != s:
-            srow[j] = k
+            sb[m] = k
             nc += 1
-            _axpy(r, v[k] - v[s], Hg[j])
+            _axpy(r, v[k] - v[s], Hg, j0 + m)
     return nc
 
 
@@ -100,8 +102,9 @@ def _sweep(H, R, S, vals, mids, bounds, inv, label, out, gs, cycles, tile, cols)
                             moved[a] += _row_block(R, S, H[g], inv[g], vals, mids, bounds, i0 + a, j0, min(j0 + cols, d))
                 changes += moved[:n].sum()
             for i in range(i0, i0 + n):
+                o, s, lab = out[i], S[i], label[i]
                 for j in range(d):
-                    out[i, j] = label[i, S[i, j]]
+                    o[j] = lab[s[j]]
     return changes
 
 
