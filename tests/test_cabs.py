@@ -573,3 +573,17 @@ def test_no_global_seeding():
 
     src = "".join(p.read_text() for p in pathlib.Path(P.__file__).parent.glob("*.py"))
     assert not re.search(r"torch\.manual_seed|np\.random\.seed\(|default_rng|Generator\(\)\.manual_seed", src)
+
+
+def test_nm_ties_go_to_the_lower_position():
+    """Equal |tau| inside a block: the first positions are kept (torch path and compiled loop alike)."""
+    import torch
+
+    from icmltools.cabs import prune as P
+
+    x = torch.tensor([0.5, -1.0, 1.0, 0.25, -1.0, 1.0, 0.5, -0.5] * 2)
+    mask = P.nm_mask(x, 3, 8)
+    assert mask.view(2, 8)[0].nonzero().view(-1).tolist() == [1, 2, 4]
+    taken = torch.zeros(16, dtype=torch.bool)
+    taken[2] = True
+    assert P.nm_mask(x, 3, 8, taken).view(2, 8)[0].nonzero().view(-1).tolist() == [1, 4, 5]

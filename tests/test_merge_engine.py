@@ -407,3 +407,149 @@ def test_lambda_search_on_files_with_a_score_rule(tmp_path):
                                skip_zero=True, rule=lambda r: S.select_max(r, "score"), out_name="m.safetensors")
     assert sel.lam == 0.5 and [r["lam"] for r in rows] == [0.0, 0.25, 0.5, 0.75]
     assert seen[0] == "the checkpoint for lambda = 0" and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------- compiled loops
+
+from icmltools.merge import kernels as K  # noqa: E402
+
+needs_numba = pytest.mark.skipif(not K.available(), reason="numba (the `fast` extra) is not installed")
+
+
+class _Counting:
+    """The numba module, counting which compiled loops ran (so a comparison cannot be torch against torch)."""
+
+    def __init__(self, mod):
+        self.mod, self.calls = mod, {}
+
+    def __getattr__(self, name):
+        f = getattr(self.mod, name)
+        if not callable(f):
+            return f
+
+        def wrapped(*a):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return f(*a)
+        return wrapped
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    c = _Counting(K._mod())
+    monkeypatch.setitem(K._state, "mod", c)
+    return c
+
+
+def _tied_models(n=3, seed=0):
+    """bf16 and float32 tensors of odd shapes; small integer steps so |tau| ties a lot (thresholds, n:m)."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"a": (37, 53), "b": (1031,), "c": (7, 3, 5), "d": (64, 33)}
+    base = {k: (torch.randn(s, generator=g) * 0.05).to(torch.bfloat16 if k in "ac" else torch.float32)
+            for k, s in shapes.items()}
+    base["n"] = torch.arange(5)
+    models = []
+    for _ in range(n):
+        sd = {k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) if v.is_floating_point()
+              else v for k, v in base.items()}
+        models.append(sd)
+    return base, models
+
+
+def _merge_bytes(tmp_path, tag, base, models, plan, lam, sign=1):
+    out = tmp_path / f"{tag}.safetensors"
+    st = E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], plan, lam, out, sign=sign)
+    return out.read_bytes(), st.summary(extended=True, per_tensor=True)
+
+
+def _all_methods():
+    import icmltools.cabs.methods  # noqa: F401  (registers cabs, bs, ca_magnitude)
+
+    return sorted(E.REGISTRY)
+
+
+@needs_numba
+@pytest.mark.parametrize("name", _all_methods())
+@pytest.mark.parametrize("chunk", [None, 96, 1000])
+def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, chunk):
+    base, models = _tied_models()
+    m = E.get_method(name)
+    kw = {"chunk_elems": chunk, "seed": 5}
+    if m.weighted:
+        kw["weights"] = [0.7, -1.3, 0.5]
+    if m.uses_density:
+        kw["densities"] = [0.3, 0.2, 0.45]
+    if name == "task_vector":
+        kw["options"] = {"index": 2}
+    plan = E.make_plan(name, 3, **kw)
+    for lam, sign in ((1.0, 1), (1.7, 1), (0.6, -1)):
+        fast = _merge_bytes(tmp_path, "fast", base, models, plan, lam, sign)
+        with K.torch_only():
+            slow = _merge_bytes(tmp_path, "slow", base, models, plan, lam, sign)
+        assert fast[0] == slow[0], (name, chunk, lam, sign)
+        fast[1].pop("seconds"), slow[1].pop("seconds"), fast[1].pop("read_gb_per_s"), slow[1].pop("read_gb_per_s")
+        assert fast[1] == slow[1]
+    assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32")
+    loops = {"task_arithmetic": "tau_accumulate", "ties": "agree", "magnitude": "topk_prune",
+             "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "accumulate"}
+    if name in loops:
+        assert counted.calls.get(loops[name]), counted.calls
+
+
+@needs_numba
+@pytest.mark.parametrize("nm", [(4, 32), (3, 8), (5, 7), (1, 1), (7, 7)])
+@pytest.mark.parametrize("use_taken", [False, True])
+def test_nm_loop_equals_the_torch_mask_with_ties_and_tails(nm, use_taken):
+    from icmltools.cabs import prune as P
+
+    n, m = nm
+    g = torch.Generator().manual_seed(n * 100 + m)
+    for numel in (m * 9, m * 9 + m - 1, m * 4 + 1, 3):
+        x = (torch.randint(-4, 5, (numel,), generator=g) * 0.25).float()  # many equal |x| in every block
+        taken = torch.rand(numel, generator=g) < 0.4 if use_taken else None
+        for tail in ("pad", "drop"):
+            box = [0]
+            mask = P.nm_mask(x, n, m, None if taken is None else taken.clone(), tail, box)
+            y, t2 = x.clone(), (None if taken is None else taken.clone())
+            short = K.nm_prune(y, n, m, t2, tail == "pad")
+            assert torch.equal(y, x.masked_fill(~mask, 0)), (nm, numel, tail)
+            assert short == box[0]
+            if t2 is not None:
+                assert torch.equal(t2, taken | mask)
+
+
+@needs_numba
+def test_radix_select_and_chunked_topk_loops_equal_the_torch_path():
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randint(-6, 7, (5003,), generator=g) * 0.125).float()  # heavy ties at every threshold
+    for k in (1, 17, 2500, 5002):
+        thr, n_gt, n_eq = K.radix_select(x, k)
+        a = x.abs()
+        assert thr == E.kth_largest(a, k) == float(torch.kthvalue(a, a.numel() - k + 1).values)
+        assert (n_gt, n_eq) == (int((a > thr).sum()), int((a == thr).sum()))
+        for keep_ties in (False, True):
+            fast = E.TopK(x, k, keep_ties)
+            with K.torch_only():
+                ref = E.TopK(x, k, keep_ties)
+            for a0 in range(0, x.numel(), 700):  # chunk boundaries inside the run of ties
+                c = x[a0:a0 + 700]
+                want = c.masked_fill(~ref.mask(c, 0), 0)
+                assert torch.equal(fast.prune(c.clone(), 0), want), (k, keep_ties, a0)
+
+
+@needs_numba
+def test_compiled_loops_still_name_non_finite_tensors(tmp_path):
+    base, models = _tied_models()
+    models[1]["b"][700] = float("inf")  # float32 tensor, in the second chunk of 512
+    models[2]["a"].view(-1)[40] = float("nan")  # bf16
+    bs, ms = MemoryReader(base, name="base"), [MemoryReader(m, name=f"model{i}") for i, m in enumerate(models)]
+    for name in ("task_arithmetic", "ties", "cabs", "magnitude"):
+        with pytest.raises(BadInputError, match=r"model[12]: tensor '[ab]' holds 1 NaN/inf"):
+            E.merge_to_checkpoint(bs, ms, E.make_plan(name, 3, chunk_elems=512), 1.0, tmp_path / "o.safetensors")
+    assert list(tmp_path.iterdir()) == []
+    big = {"w": torch.full((40,), 3e38).to(torch.bfloat16)}
+    up = {"w": torch.full((40,), 3.3e38).to(torch.bfloat16)}
+    for kernels in (True, False):
+        with K.torch_only(not kernels), pytest.raises(RuntimeFailure, match="tensor 'w'.*not finite in bfloat16"):
+            E.merge_to_checkpoint(MemoryReader(big), [MemoryReader(up)], E.make_plan("task_arithmetic", 1), 5.0,
+                                  tmp_path / "o.safetensors")
+    assert list(tmp_path.iterdir()) == []

@@ -13,6 +13,7 @@ import math
 
 from icmltools.core.errors import BadInputError
 from icmltools.merge import engine as E
+from icmltools.merge import kernels as K
 from icmltools.merge.options import DENSITY
 
 from . import prune as P
@@ -45,20 +46,46 @@ class _Pruned(E.MergeMethod):
         if k == 0:
             st.added = False
         if w != 0:
-            if w != 1.0:
-                pruned.mul_(w)
-            if st.added:
-                st.total.add_(pruned)
-            else:
-                st.total.copy_(pruned)
-            st.added = True
+            self._add(st, pruned, w)
+
+    def _accumulate_pruned(self, st, x, i: int, k: int) -> bool:
+        """_accumulate for a chunk already pruned in place (zeros where dropped), in one compiled loop; False
+        when it cannot run."""
+        w = st.plan.weights[i]
+        if k == 0:
+            st.added = False
+        mb = st.mark_bits(i, x)
+        if w == 0 or mb is None:
+            st.mark(i, x)
+            if w != 0:
+                self._add(st, x, w)
+            return True
+        c = K.accumulate(x, st.total, w, not st.added, *mb)
+        if c is None:
+            st.mark(i, x)
+            self._add(st, x, w)
+            return True
+        st.marked(i, c)
+        st.added = True
+        return True
+
+    @staticmethod
+    def _add(st, pruned, w: float) -> None:
+        if w != 1.0:
+            pruned.mul_(w)
+        if st.added:
+            st.total.add_(pruned)
+        else:
+            st.total.copy_(pruned)
+        st.added = True
 
     def finish(self, st):
         import torch
 
         if not getattr(st, "added", False):
             return None, 0  # every weight 0: the base, bitwise
-        return st.total, int(torch.count_nonzero(st.total))
+        c = K.count_nonzero(st.total)
+        return st.total, int(torch.count_nonzero(st.total)) if c is None else c
 
 
 def _nm_of(plan, i: int) -> tuple[int, int]:
@@ -81,6 +108,17 @@ class _NM(_Pruned):
         self.short = None
         if nms is not None:
             self.short = [0] * len(nms)   # per model: blocks keeping fewer than n slots (CA left fewer free)
+
+    def _prune_fast(self, st, tau, i: int, taken) -> bool:
+        """Model i's n:m pruning of the chunk in place (and taken |= its mask) in one compiled loop; False when
+        it cannot run."""
+        n, m = _nm_of(st.plan, i)
+        short = K.nm_prune(tau, n, m, taken, st.plan.options["tail"] == "pad")
+        if short is None:
+            return False
+        if self.short is not None and i < len(self.short):
+            self.short[i] += short
+        return True
 
     def _mask(self, st, tau, i: int, taken):
         """Model i's n:m mask of the chunk (only the last chunk has a tail), counting its short blocks."""
@@ -114,6 +152,9 @@ class Cabs(_NM):
     def add(self, st, tau, i, k, p):
         if k == 0:
             st.taken.zero_()
+        if self._prune_fast(st, tau, i, st.taken):
+            self._accumulate_pruned(st, tau, i, k)
+            return
         mask = self._mask(st, tau, i, st.taken)
         st.taken |= mask
         self._accumulate(st, tau, mask, i, k)
@@ -126,6 +167,9 @@ class BalancedOnly(_NM):
     reference = REFERENCE + ", BS ablation"
 
     def add(self, st, tau, i, k, p):
+        if self._prune_fast(st, tau, i, None):
+            self._accumulate_pruned(st, tau, i, k)
+            return
         self._accumulate(st, tau, self._mask(st, tau, i, None), i, k)
 
 

@@ -88,7 +88,11 @@ def _block_keep(score, n: int, short: list | None = None):
     fewer than min(n, row length)."""
     import torch
 
-    k = min(n, score.shape[1])
+    length = score.shape[1]
+    k = min(n, length)
+    if score.dtype == torch.float32:  # ties by lower index: rank on (score bits, -position), unique int64 keys
+        pos = torch.arange(length - 1, -1, -1, dtype=torch.int64, device=score.device)
+        score = score.view(torch.int32).to(torch.int64).mul_(length).add_(pos)
     vals, idx = torch.topk(score, k, dim=1, sorted=False)
     ok = vals >= 0
     keep = torch.zeros(score.shape, dtype=torch.bool, device=score.device)

@@ -39,6 +39,7 @@ from icmltools.taskvec import (
     is_float_dtype,
 )
 
+from . import kernels as K
 from .options import CHUNK_ELEMS
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,12 @@ class MergeMethod(abc.ABC):
 
     def scan(self, st: "TensorState", tau, i: int) -> None:
         """With ``scans``: model i's whole task vector (flattened), e.g. for a top-k threshold."""
+        return None
+
+    def add_raw(self, st: "TensorState", raw, base, i: int, k: int, p: int):
+        """Optional: model i's chunk as read (`raw`, the checkpoint's dtype) and the base chunk in the compute
+        dtype, for a method that fuses tau = raw - base with its own work (a compiled loop). Returns the
+        number of non-finite task-vector elements, or None when not handled (then :meth:`add` gets tau)."""
         return None
 
     @abc.abstractmethod
@@ -327,11 +334,38 @@ class TopK:
         self.thr = None
         if k <= 0 or k >= n:
             return
-        a = tau_flat.abs()
-        self.thr = kth_largest(a, k)
-        n_gt = int(torch.count_nonzero(a > self.thr))
+        fast = K.radix_select(tau_flat, k)  # the same threshold and counts from two histogram passes
+        if fast is not None:
+            self.thr, n_gt, n_eq = fast
+        else:
+            a = tau_flat.abs()
+            self.thr = kth_largest(a, k)
+            n_gt = int(torch.count_nonzero(a > self.thr))
+            n_eq = int(torch.count_nonzero(a == self.thr))
         self.ties_kept = k - n_gt
-        self.all_ties = keep_ties or self.ties_kept == int(torch.count_nonzero(a == self.thr))
+        self.all_ties = keep_ties or self.ties_kept == n_eq
+
+    def selection(self, p: int = 0) -> tuple:
+        """(mode, threshold, all_ties, ties left) of the next chunk in pass p, for the compiled loops (mode 0:
+        none kept, 1: all kept, 2: by threshold); advance with :meth:`advance`."""
+        if self.k <= 0:
+            return 0, 0.0, False, 0
+        if self.thr is None:
+            return 1, 0.0, False, 0
+        return 2, float(self.thr), bool(self.all_ties), int(self.ties_kept - self.seen.get(p, 0))
+
+    def advance(self, p: int, n_eq: int) -> None:
+        """Count the ties at the threshold of a chunk the compiled loop went through."""
+        self.seen[p] = self.seen.get(p, 0) + n_eq
+
+    def prune(self, chunk, p: int = 0):
+        """`chunk` with the dropped elements zeroed in place (= chunk.masked_fill_(~mask(chunk, p), 0))."""
+        sel = self.selection(p)
+        n_eq = K.topk_prune(chunk, *sel)
+        if n_eq is None:
+            return chunk.masked_fill_(self.mask(chunk, p).logical_not_(), 0)
+        self.advance(p, n_eq)
+        return chunk
 
     def mask(self, chunk, p: int = 0):
         """The kept elements of the next chunk (bool), for pass p."""
@@ -433,6 +467,24 @@ class TensorState:
                 self._bits = torch.zeros(nz.shape, dtype=dt, device=nz.device)
             self._bits.add_(nz.to(self._bits.dtype), alpha=1 << i)  # the bits are disjoint: add == or
 
+    def mark_bits(self, i: int, like):
+        """For a compiled loop that counts model i's kept slots itself: (bits buffer, bit) to set where it keeps,
+        (None, 0) when the overlap is not tracked; None when the loop cannot (more than 8 models: use
+        :meth:`mark`). Add the loop's count with :meth:`marked`."""
+        import torch
+
+        if not self.tracking:
+            return None, 0
+        if self.n > 8:
+            return None
+        if self._bits is None:
+            self._bits = torch.zeros(like.shape, dtype=torch.uint8, device=like.device)
+        return self._bits, 1 << i
+
+    def marked(self, i: int, count: int) -> None:
+        """Model i kept `count` more slots (counted by a compiled loop)."""
+        self.model_kept[i] += count
+
     def _chunk_overlap(self) -> None:
         if self._bits is None:
             return
@@ -440,6 +492,15 @@ class TensorState:
 
         if self.overlap is None:
             self.overlap = [[0] * self.n for _ in range(self.n)]
+        fast = K.pair_counts(self._bits, self.n)
+        if fast is not None:
+            for i in range(self.n):
+                for j in range(i, self.n):
+                    self.overlap[i][j] += fast[i][j]
+                    if j != i:
+                        self.overlap[j][i] += fast[i][j]
+            self._bits = None
+            return
         for i in range(self.n):
             for j in range(i, self.n):
                 m = (1 << i) | (1 << j)
@@ -634,7 +695,22 @@ def _to_compute(run: _Run, raw, key: str, cd):
     """`raw` in the compute dtype on the device (the same buffer when nothing changes)."""
     if raw.dtype == cd and run.device == "cpu":
         return raw
-    return run.dev_pool.get(key, tuple(raw.shape), cd).copy_(raw)
+    out = run.dev_pool.get(key, tuple(raw.shape), cd)
+    if run.device == "cpu" and K.to_float32(raw, out):
+        return out
+    return out.copy_(raw)
+
+
+def _task_vector(run: _Run, raw, bd, cd, check: bool):
+    """(tau = raw in the compute dtype - bd, whether it is finite (None when not `check`)): one compiled loop
+    where it can run, else the torch ops (convert, subtract, one-reduction check)."""
+    if run.device == "cpu":
+        out = raw if raw.dtype == cd else run.dev_pool.get("tau", tuple(raw.shape), cd)
+        bad = K.load_tau(raw, bd, out)
+        if bad is not None:
+            return out, (bad == 0) if check else None
+    tau = _to_compute(run, raw, "tau", cd).sub_(bd)
+    return tau, (all_finite(tau) if check else None)
 
 
 class _Diagnosis:
@@ -667,8 +743,8 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
     b = _to_compute(run, _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), "base_c", cd)
     for i in wanted:
         raw = _read(run, run.models[i], spec.name, spec, 0, spec.numel, "raw_cand", True)
-        tau = _to_compute(run, raw, "tau", cd).sub_(b)
-        if not all_finite(tau):
+        tau, finite = _task_vector(run, raw, b, cd, True)
+        if not finite:
             diag.run(run, spec.name, wanted)
             if not diag.inputs_bad:
                 raise _overflow(run, spec.name, i, cd)
@@ -685,9 +761,17 @@ def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, wh
     for p in range(m.passes):
         for k, i in enumerate(wanted):
             raw = _read(run, run.models[i], spec.name, spec, a, b, "raw_cand", whole)
-            tau = _to_compute(run, raw, "tau", cd)
-            tau.sub_(bd)
-            if each and p == 0 and (fused or not m.scans) and not all_finite(tau):  # before DARE (drops hide NaN)
+            check = each and p == 0 and (fused or not m.scans)
+            if plan.dare_p == 0 and not fused and run.device == "cpu":
+                bad = m.add_raw(st, raw, bd, i, k, p)
+                if bad is not None:
+                    if check and bad:
+                        diag.run(run, spec.name, wanted)
+                        if not diag.inputs_bad:
+                            raise _overflow(run, spec.name, i, cd)
+                    continue
+            tau, finite = _task_vector(run, raw, bd, cd, check)
+            if check and not finite:  # before DARE (drops hide NaN)
                 diag.run(run, spec.name, wanted)
                 if not diag.inputs_bad:
                     raise _overflow(run, spec.name, i, cd)
@@ -696,6 +780,11 @@ def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, wh
             if fused and p == 0:
                 m.scan(st, tau, i)
             m.add(st, tau, i, k, p)
+
+
+def _finite(t) -> bool:
+    bad = K.count_non_finite(t)
+    return all_finite(t) if bad is None else bad == 0
 
 
 def _tensor_chunks(run: _Run, spec):
@@ -724,7 +813,7 @@ def _tensor_chunks(run: _Run, spec):
             raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
             bd = _to_compute(run, raw_b, "base_c", cd)
             _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None, fused)
-            if witness is not None and wanted and not all_finite(getattr(st, witness)):
+            if witness is not None and wanted and not _finite(getattr(st, witness)):
                 diag.run(run, name, wanted)  # inputs finite: a task vector overflowed; the output check decides
             merged, c = m.finish(st)
             kept += c
@@ -781,9 +870,12 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
         if merged is None or (skip_zero and lam == 0):
             out[a:b].copy_(raw_b)
             continue
-        res = _apply_chunk(bd, merged, lam, sign, pool)
-        o = out[a:b].copy_(res)
-        check_output(o, name, lam, tainted(), "lam", sign)
+        o = out[a:b]
+        bad = K.apply(bd, merged, lam, sign, o) if bd.device.type == "cpu" else None
+        if bad is None:
+            o.copy_(_apply_chunk(bd, merged, lam, sign, pool))
+        if bad != 0:
+            check_output(o, name, lam, tainted(), "lam", sign)
     w.write(name, out.view(tuple(spec.shape)))
 
 

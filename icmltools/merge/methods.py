@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from . import kernels as K
 from .engine import MergeMethod, TensorState, TopK, register, top_count
 from .options import BREADCRUMBS_GAMMA, DENSITY
 
@@ -41,7 +42,8 @@ def _sum_into(total, x, k: int) -> None:
 def _count(t) -> int:
     import torch
 
-    return int(torch.count_nonzero(t))
+    c = K.count_nonzero(t)
+    return int(torch.count_nonzero(t)) if c is None else c
 
 
 # --------------------------------------------------------------------------------------------- general methods
@@ -71,15 +73,31 @@ class Weighted(MergeMethod):
 
     def add(self, st, tau, i, k, p):
         pruned = self.prune(st, tau, i, p)
-        if p == 0:
-            st.mark(i, pruned)
         w = st.plan.weights[i]
+        if self._fused(st, pruned, i, k, p, w):
+            return
+        if p == 0 and self.tracks:
+            st.mark(i, pruned)
         if w != 1.0:
             pruned = pruned.mul_(w) if pruned is tau else pruned * w
         if p == 0:
             _sum_into(st.total, pruned, k)
         else:
             self._agree(st, pruned, w, k)
+
+    def _fused(self, st, x, i: int, k: int, p: int, w: float) -> bool:
+        """The weighting, the kept count and the sum (pass 0) or the disjoint accumulation (pass 1) in one
+        compiled loop; False when it cannot run (the torch ops follow)."""
+        if p == 0:
+            mb = st.mark_bits(i, x) if self.tracks else (None, 0)
+            if mb is None:
+                return False
+            c = K.accumulate(x, st.total, w, k == 0, *mb)
+            if c is None:
+                return False
+            st.marked(i, c)
+            return True
+        return K.agree(x, st.total, st.acc, st.div, w, k == 0)
 
     def _agree(self, st, wp, w: float, k: int) -> None:
         """Pass 1 of the consensus: accumulate the entries whose sign is the elected sign(sum) (Alg. 1 l. 6-7)."""
@@ -102,6 +120,9 @@ class Weighted(MergeMethod):
 
         if not self.consensus:
             return st.total, _count(st.total)
+        kept = K.ties_finish(st.acc, st.div, st.plan.options["normalize"])
+        if kept is not None:
+            return st.acc, kept
         kept = _count(st.div)
         if not st.plan.options["normalize"]:
             return st.acc, kept
@@ -115,6 +136,9 @@ class TaskArithmetic(Weighted):
     name = "task_arithmetic"
     witness = "total"
     tracks = False
+
+    def add_raw(self, st, raw, base, i, k, p):
+        return K.tau_accumulate(raw, base, st.total, st.plan.weights[i], k == 0)
 
 
 class _Magnitude(Weighted):
@@ -138,7 +162,7 @@ class _Magnitude(Weighted):
         st.topk[i] = TopK(tau, self._k(st, i), keep_ties=st.plan.options.get("trim") == "keep_ties")
 
     def prune(self, st, tau, i, p):
-        return tau.masked_fill_(st.topk[i].mask(tau, p).logical_not_(), 0)
+        return st.topk[i].prune(tau, p)
 
 
 class Magnitude(_Magnitude):
@@ -209,6 +233,11 @@ class Breadcrumbs(_Magnitude):
 
     def prune(self, st, tau, i, p):
         keep, top = st.topk[i]
+        got = K.band_prune(tau, keep.selection(p), top.selection(p))
+        if got is not None:
+            keep.advance(p, got[0])
+            top.advance(p, got[1])
+            return tau
         m = keep.mask(tau, p).logical_and_(top.mask(tau, p).logical_not_())
         return tau.masked_fill_(m.logical_not_(), 0)
 
@@ -261,6 +290,9 @@ class Uniform(MergeMethod):
 
     def add(self, st, tau, i, k, p):
         _sum_into(st.total, tau, k)
+
+    def add_raw(self, st, raw, base, i, k, p):
+        return K.tau_accumulate(raw, base, st.total, 1.0, k == 0)
 
     def finish(self, st):
         st.total.div_(st.n)

@@ -1,0 +1,400 @@
+"""The merge engine's fused CPU loops, compiled with numba (the optional extra `icml-tools[fast]`); imported only
+through :mod:`icmltools.merge.kernels`, never at package import.
+
+Every loop does, element by element and in the same order, the float32 operations of the torch path it
+replaces (no fastmath: no reassociation, no fused multiply-add), so the outputs are bitwise those of the torch
+path; the only reductions are integer counts. bfloat16 is read as its uint16 bits (a bf16 value is the high
+half of a float32: exact), and written with torch's round-to-nearest-even.
+
+Compiled once and cached next to this file (`cache=True`) when that folder is writable, else in every process.
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+
+@intrinsic
+def _u32_as_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _f32_as_u32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+    return types.uint32(types.float32), codegen
+
+
+def _jit(fn):
+    try:
+        return numba.njit(cache=True, nogil=True)(fn)
+    except RuntimeError:  # no writable cache location: compile in every process
+        return numba.njit(nogil=True)(fn)
+
+
+_EXP = np.uint32(0x7F800000)
+_ABS = np.uint32(0x7FFFFFFF)
+
+
+@_jit
+def bf16_to_f32(raw, out):
+    """out = float32(raw) (raw: bf16 bits as uint16)."""
+    for j in range(raw.shape[0]):
+        out[j] = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16))
+
+
+@_jit
+def tau_bf16(raw, base, out):
+    """out = float32(raw) - base; returns the number of non-finite results."""
+    bad = 0
+    for j in range(raw.shape[0]):
+        x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
+        out[j] = x
+        bad += (_f32_as_u32(x) & _EXP) == _EXP
+    return bad
+
+
+@_jit
+def tau_f32(raw, base, out):
+    """out = raw - base (float32); returns the number of non-finite results."""
+    bad = 0
+    for j in range(raw.shape[0]):
+        x = raw[j] - base[j]
+        out[j] = x
+        bad += (_f32_as_u32(x) & _EXP) == _EXP
+    return bad
+
+
+@_jit
+def count_non_finite(x):
+    bad = 0
+    for j in range(x.shape[0]):
+        bad += (_f32_as_u32(x[j]) & _EXP) == _EXP
+    return bad
+
+
+@_jit
+def count_nonzero(x):
+    c = 0
+    for j in range(x.shape[0]):
+        c += x[j] != 0
+    return c
+
+
+@_jit
+def _round_bf16(r):
+    u = _f32_as_u32(r)
+    if (u & _ABS) > _EXP:  # NaN (torch writes 0x7FC0)
+        return np.uint16(0x7FC0)
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@_jit
+def apply_bf16(bd, merged, lam, mode, out):
+    """out = bf16(bd + merged) (mode 0), bf16(bd + merged * lam) (mode 1), bf16(bd - merged * lam) (mode 2);
+    returns the number of non-finite outputs."""
+    bad = 0
+    lf = np.float32(lam)
+    for j in range(bd.shape[0]):
+        if mode == 0:
+            r = bd[j] + merged[j]
+        elif mode == 1:
+            r = bd[j] + merged[j] * lf
+        else:
+            r = bd[j] - merged[j] * lf
+        o = _round_bf16(r)
+        out[j] = o
+        bad += (o & np.uint16(0x7F80)) == np.uint16(0x7F80)
+    return bad
+
+
+@_jit
+def apply_f32(bd, merged, lam, mode, out):
+    """out = bd + merged (mode 0), bd + merged * lam (1), bd - merged * lam (2), float32; non-finite count."""
+    bad = 0
+    lf = np.float32(lam)
+    for j in range(bd.shape[0]):
+        if mode == 0:
+            r = bd[j] + merged[j]
+        elif mode == 1:
+            r = bd[j] + merged[j] * lf
+        else:
+            r = bd[j] - merged[j] * lf
+        out[j] = r
+        bad += (_f32_as_u32(r) & _EXP) == _EXP
+    return bad
+
+
+# --------------------------------------------------------------------------------------------- exact top-k
+
+
+@_jit
+def hist_hi(x, counts):
+    """counts[h] += #elements whose |x| has the high 16 bits h (|x| as its int bits: the order of |x|)."""
+    for j in range(x.shape[0]):
+        counts[(_f32_as_u32(x[j]) & _ABS) >> np.uint32(16)] += 1
+
+
+@_jit
+def hist_lo(x, bucket, counts):
+    """counts[l] += #elements of high bits `bucket` whose low 16 bits are l."""
+    b = np.uint32(bucket)
+    for j in range(x.shape[0]):
+        u = _f32_as_u32(x[j]) & _ABS
+        if (u >> np.uint32(16)) == b:
+            counts[u & np.uint32(0xFFFF)] += 1
+
+
+@_jit
+def topk_prune(x, mode, thr, all_ties, left):
+    """Zero the elements of chunk x not kept by one TopK (mode 0: none kept, 1: all, 2: |x| > thr, and of the
+    |x| == thr the first `left` (every one with all_ties)); returns the number of |x| == thr seen.
+
+    In blocks of 4096: a block whose ties are all kept or all dropped runs a branch-free select (vectorised);
+    only the block where the ties' quota runs out is walked one element at a time."""
+    n = x.shape[0]
+    zero = np.float32(0.0)
+    if mode == 1:
+        return 0
+    if mode == 0:
+        for j in range(n):
+            x[j] = zero
+        return 0
+    t = np.float32(thr)
+    seen = 0
+    for s in range(0, n, 4096):
+        e = min(s + 4096, n)
+        c = 0
+        for j in range(s, e):
+            c += abs(x[j]) == t
+        if all_ties or seen + c <= left or seen >= left:
+            ties = all_ties or seen + c <= left
+            for j in range(s, e):
+                a = abs(x[j])
+                x[j] = x[j] if (a > t) | (ties & (a == t)) else zero
+        else:
+            q = seen
+            for j in range(s, e):
+                a = abs(x[j])
+                if a > t:
+                    continue
+                if a == t:
+                    q += 1
+                    if q <= left:
+                        continue
+                x[j] = zero
+        seen += c
+    return seen
+
+
+@_jit
+def band_prune(x, mode_k, thr_k, all_k, left_k, mode_t, thr_t, all_t, left_t):
+    """Breadcrumbs: keep where TopK k keeps and TopK t (the top gamma) does not; zero the rest. Returns the
+    |x| == thr counts of both (each TopK's tie counter advances over the whole chunk)."""
+    tk, tt = np.float32(thr_k), np.float32(thr_t)
+    sk = 0
+    st = 0
+    for j in range(x.shape[0]):
+        a = abs(x[j])
+        if mode_k == 0:
+            ink = False
+        elif mode_k == 1:
+            ink = True
+        elif a > tk:
+            ink = True
+        elif a == tk:
+            ink = all_k or sk < left_k
+            sk += 1
+        else:
+            ink = False
+        if mode_t == 0:
+            intop = False
+        elif mode_t == 1:
+            intop = True
+        elif a > tt:
+            intop = True
+        elif a == tt:
+            intop = all_t or st < left_t
+            st += 1
+        else:
+            intop = False
+        if not ink or intop:
+            x[j] = 0.0
+    return sk, st
+
+
+# --------------------------------------------------------------------------------------------- sums
+
+
+@_jit
+def accumulate(x, total, w, first, bits, bit):
+    """The weighted sum of a pruned chunk: v = x * w (w != 1), total = v (first) or total + v; x is left
+    multiplied (as the torch path's in-place mul_). bits[j] += bit where x != 0 (when bit != 0).
+    Returns the nonzeros of x before the weighting."""
+    c = 0
+    scale = w != 1.0
+    wf = np.float32(w)
+    for j in range(x.shape[0]):
+        v = x[j]
+        nz = v != 0
+        c += nz
+        if bit != 0 and nz:
+            bits[j] += bit
+        if scale:
+            v = v * wf
+            x[j] = v
+        if first:
+            total[j] = v
+        else:
+            total[j] = total[j] + v
+    return c
+
+
+@_jit
+def agree(x, total, acc, div, w, first):
+    """TIES pass 1 (Alg. 1 l. 6-7): wp = x * w; where sign(wp) is the elected sign(total), acc += wp and
+    div += w (acc, div zeroed first)."""
+    wf = np.float32(w)
+    one = w == 1.0
+    for j in range(x.shape[0]):
+        t = total[j]
+        s = np.float32(1.0) if t > 0 else (np.float32(-1.0) if t < 0 else np.float32(0.0))
+        v = x[j]
+        if not one:
+            v = v * wf
+        ok = v * s > 0
+        a = v if ok else np.float32(0.0)
+        d = np.float32(1.0) if ok else np.float32(0.0)
+        if not one:
+            d = d * wf
+        if first:
+            acc[j] = np.float32(0.0) + a
+            div[j] = np.float32(0.0) + d
+        else:
+            acc[j] = acc[j] + a
+            div[j] = div[j] + d
+
+
+@_jit
+def ties_finish(acc, div, normalize):
+    """TIES' disjoint mean: acc / div where div != 0 (acc, 0 elsewhere, as torch's where(div == 0, 1, div)),
+    with `normalize`; returns the nonzeros of div (the kept count)."""
+    c = 0
+    one = np.float32(1.0)
+    for j in range(acc.shape[0]):
+        d = div[j]
+        c += d != 0
+        if normalize:
+            acc[j] = acc[j] / (one if d == 0 else d)
+    return c
+
+
+@_jit
+def tau_accumulate(raw, base, total, w, first):
+    """total = (float32(raw) - base) * w (first) or total + that (the * w only for w != 1), without storing the
+    task vector; returns the number of non-finite task-vector elements."""
+    bad = 0
+    scale = w != 1.0
+    wf = np.float32(w)
+    for j in range(raw.shape[0]):
+        x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
+        bad += (_f32_as_u32(x) & _EXP) == _EXP
+        if scale:
+            x = x * wf
+        if first:
+            total[j] = x
+        else:
+            total[j] = total[j] + x
+    return bad
+
+
+@_jit
+def tau_accumulate_f32(raw, base, total, w, first):
+    """As tau_accumulate for float32 raw values."""
+    bad = 0
+    scale = w != 1.0
+    wf = np.float32(w)
+    for j in range(raw.shape[0]):
+        x = raw[j] - base[j]
+        bad += (_f32_as_u32(x) & _EXP) == _EXP
+        if scale:
+            x = x * wf
+        if first:
+            total[j] = x
+        else:
+            total[j] = total[j] + x
+    return bad
+
+
+@_jit
+def pair_counts(bits, n):
+    """counts[i][j] = #slots with bits i and j both set (uint8 bits: n <= 8), from one histogram."""
+    h = np.zeros(256, np.int64)
+    for j in range(bits.shape[0]):
+        h[bits[j]] += 1
+    out = np.zeros((n, n), np.int64)
+    for v in range(256):
+        if h[v] == 0:
+            continue
+        for i in range(n):
+            if (v >> i) & 1:
+                for k in range(i, n):
+                    if (v >> k) & 1:
+                        out[i, k] += h[v]
+    return out
+
+
+# --------------------------------------------------------------------------------------------- n:m blocks
+
+
+@_jit
+def nm_prune(x, n, m, taken, use_taken, pad_tail):
+    """Balanced n:m (BS; with `use_taken` the CA step): per block of m (row-major), keep the n largest |x| among
+    the slots not taken (ties by lower index), zero the rest, mark the kept in `taken`; the last partial block
+    keeps its top min(n, r) (`pad_tail`) or nothing. Returns the blocks keeping fewer than min(n, length).
+
+    Each free slot gets the unique key (bits of |x|) * m + (m - 1 - position) (a taken slot -1); the n-th
+    largest key of the block is found by n vectorised max passes, and the free slots with a key at least that
+    are kept: the n largest |x|, ties to the lower position."""
+    size = x.shape[0]
+    short = 0
+    keys = np.empty(m, np.int64)
+    zero = np.float32(0.0)
+    none = np.int64(-2)
+    for s in range(0, size, m):
+        e = min(s + m, size)
+        L = e - s
+        if L < m and not pad_tail:
+            for j in range(s, e):
+                x[j] = zero
+            continue
+        k = min(n, L)
+        for j in range(L):
+            b = np.int64(_f32_as_u32(abs(x[s + j]))) * m + (m - 1 - j)
+            keys[j] = np.int64(-1) if (use_taken and taken[s + j]) else b
+        prev = np.int64(9223372036854775807)
+        for _ in range(k):
+            mx = none
+            for j in range(L):
+                kj = keys[j]
+                c = kj if kj < prev else none
+                mx = c if c > mx else mx
+            prev = mx
+        kept = 0
+        for j in range(L):
+            kj = keys[j]
+            keep = (kj >= prev) & (kj >= 0)
+            kept += keep
+            if keep:
+                if use_taken:
+                    taken[s + j] = True
+            else:
+                x[s + j] = zero
+        if kept < k:
+            short += 1
+    return short

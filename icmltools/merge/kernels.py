@@ -1,0 +1,228 @@
+"""Fused CPU loops of the merge engine (numba, the optional extra `fast`), with the torch path as the fallback.
+
+Each function here runs its compiled loop when numba is installed, the tensors are float32 (bfloat16 raw
+inputs/outputs) on the CPU and contiguous, and the kernels are not switched off (:func:`torch_only`); it
+returns None otherwise and the caller runs its torch code. Both give bitwise the same results (the loops do
+the torch path's float32 operations in the same order; tested on odd shapes, chunk boundaries and n:m tails).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+_state: dict = {"enabled": True, "mod": None, "tried": False}
+
+
+def _mod():
+    if not _state["tried"]:
+        _state["tried"] = True
+        try:
+            from . import _kernels_numba
+            _state["mod"] = _kernels_numba
+        except ImportError:  # numba missing: the torch path
+            _state["mod"] = None
+    return _state["mod"]
+
+
+def available() -> bool:
+    """Whether the compiled loops can run (numba importable)."""
+    return _mod() is not None
+
+
+@contextmanager
+def torch_only(flag: bool = True):
+    """Within this block the engine runs its torch path only (tests compare the two; a user may too)."""
+    old = _state["enabled"]
+    _state["enabled"] = not flag
+    try:
+        yield
+    finally:
+        _state["enabled"] = old
+
+
+def _ok(*ts) -> bool:
+    import torch
+
+    if not _state["enabled"] or _mod() is None:
+        return False
+    for t in ts:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in (torch.float32, torch.bfloat16, torch.bool,
+                                                                             torch.uint8):
+            return False
+    return True
+
+
+def _np(t):
+    """A numpy view of a CPU tensor (bfloat16 as its uint16 bits)."""
+    import numpy as np
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def load_tau(raw, base, out):
+    """out = float32(raw) - base (raw bf16 or float32, base float32); the number of non-finite results, or None
+    (not run: the caller uses torch)."""
+    import torch
+
+    if base.dtype != torch.float32 or out.dtype != torch.float32 or not _ok(raw, base, out):
+        return None
+    k = _mod()
+    f = k.tau_bf16 if raw.dtype == torch.bfloat16 else k.tau_f32
+    return int(f(_np(raw).reshape(-1), _np(base).reshape(-1), _np(out).reshape(-1)))
+
+
+def to_float32(raw, out) -> bool:
+    """out = float32(raw) for a bfloat16 raw chunk; False when not run."""
+    import torch
+
+    if raw.dtype != torch.bfloat16 or out.dtype != torch.float32 or not _ok(raw, out):
+        return False
+    _mod().bf16_to_f32(_np(raw).reshape(-1), _np(out).reshape(-1))
+    return True
+
+
+def apply(bd, merged, lam: float, sign: int, out):
+    """out = cast(bd + merged) (sign > 0, lam 1), cast(bd + merged * lam) or cast(bd - merged * lam) into the
+    output chunk `out` (bfloat16 or float32): the number of non-finite outputs, or None when not run."""
+    import torch
+
+    if bd.dtype != torch.float32 or merged.dtype != torch.float32 or not _ok(bd, merged, out):
+        return None
+    mode = 0 if (sign > 0 and lam == 1.0) else (1 if sign > 0 else 2)
+    k = _mod()
+    f = k.apply_bf16 if out.dtype == torch.bfloat16 else k.apply_f32 if out.dtype == torch.float32 else None
+    if f is None:
+        return None
+    return int(f(_np(bd).reshape(-1), _np(merged).reshape(-1), float(lam), mode, _np(out).reshape(-1)))
+
+
+def count_non_finite(x):
+    """NaN/inf elements of a float32 tensor, or None."""
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x):
+        return None
+    return int(_mod().count_non_finite(_np(x).reshape(-1)))
+
+
+def count_nonzero(x):
+    """Nonzero elements of a float32 tensor, or None."""
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x):
+        return None
+    return int(_mod().count_nonzero(_np(x).reshape(-1)))
+
+
+def radix_select(a, k: int):
+    """(k-th largest |a|, #|a| > it, #|a| == it) of a float32 tensor, exactly, in two histogram passes over a
+    (the high 16 bits of |a|, then the low 16 bits inside the bucket holding the k-th); None when not run."""
+    import numpy as np
+    import torch
+
+    if a.dtype != torch.float32 or not _ok(a):
+        return None
+    x = _np(a).reshape(-1)
+    km = _mod()
+    hi = np.zeros(1 << 15, np.int64)
+    km.hist_hi(x, hi)
+    from_top = np.cumsum(hi[::-1])
+    idx = int(np.searchsorted(from_top, k))  # first bucket from the top where the count reaches k
+    bucket = hi.size - 1 - idx
+    above = int(from_top[idx - 1]) if idx > 0 else 0
+    lo = np.zeros(1 << 16, np.int64)
+    km.hist_lo(x, bucket, lo)
+    from_top2 = np.cumsum(lo[::-1])
+    j = int(np.searchsorted(from_top2, k - above))
+    low = (1 << 16) - 1 - j
+    bits = np.array([(bucket << 16) | low], dtype=np.uint32)
+    n_gt = above + (int(from_top2[j - 1]) if j > 0 else 0)
+    return float(bits.view(np.float32)[0]), n_gt, int(lo[low])
+
+
+def topk_prune(x, mode: int, thr: float, all_ties: bool, left: int):
+    """Zero in place the elements of chunk x that one top-k selection drops (see :class:`engine.TopK`); the
+    number of ties at the threshold seen, or None when not run."""
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x):
+        return None
+    return int(_mod().topk_prune(_np(x).reshape(-1), mode, thr, all_ties, left))
+
+
+def band_prune(x, sel_k: tuple, sel_t: tuple):
+    """Breadcrumbs' keep-in-k-but-not-in-top in place; (ties seen by k, by top) or None."""
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x):
+        return None
+    sk, st = _mod().band_prune(_np(x).reshape(-1), *sel_k, *sel_t)
+    return int(sk), int(st)
+
+
+def accumulate(x, total, w: float, first: bool, bits=None, bit: int = 0):
+    """total = x * w (first) or total + x * w, x left weighted, bits += bit where x != 0; the nonzeros of x,
+    or None when not run."""
+    import numpy as np
+    import torch
+
+    if x.dtype != torch.float32 or total.dtype != torch.float32 or not _ok(x, total):
+        return None
+    b = np.zeros(1, np.uint8) if bits is None else _np(bits).reshape(-1)
+    return int(_mod().accumulate(_np(x).reshape(-1), _np(total).reshape(-1), float(w), bool(first), b,
+                                 int(bit if bits is not None else 0)))
+
+
+def agree(x, total, acc, div, w: float, first: bool) -> bool:
+    """TIES' disjoint accumulation (pass 1) in one loop; False when not run."""
+    import torch
+
+    if any(t.dtype != torch.float32 for t in (x, total, acc, div)) or not _ok(x, total, acc, div):
+        return False
+    _mod().agree(_np(x).reshape(-1), _np(total).reshape(-1), _np(acc).reshape(-1), _np(div).reshape(-1), float(w),
+                 bool(first))
+    return True
+
+
+def pair_counts(bits, n: int):
+    """K x K overlap counts from uint8 bits (n <= 8) as a list of lists, or None."""
+    import torch
+
+    if bits.dtype != torch.uint8 or n > 8 or not _ok(bits):
+        return None
+    return _mod().pair_counts(_np(bits).reshape(-1), n).tolist()
+
+
+def nm_prune(x, n: int, m: int, taken, pad_tail: bool):
+    """Balanced n:m in place (zero all but the n largest |x| of each block of m among the free slots; ties by
+    lower index); with `taken` (bool) the CA step, marking the kept. The short-block count, or None."""
+    import numpy as np
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x) or (taken is not None and not _ok(taken)):
+        return None
+    t = np.zeros(1, np.bool_) if taken is None else _np(taken).reshape(-1)
+    return int(_mod().nm_prune(_np(x).reshape(-1), int(n), int(m), t, taken is not None, bool(pad_tail)))
+
+
+def ties_finish(acc, div, normalize: bool):
+    """TIES' disjoint mean in place (acc / div where div != 0, with `normalize`); the nonzeros of div, or None."""
+    import torch
+
+    if acc.dtype != torch.float32 or div.dtype != torch.float32 or not _ok(acc, div):
+        return None
+    return int(_mod().ties_finish(_np(acc).reshape(-1), _np(div).reshape(-1), bool(normalize)))
+
+
+def tau_accumulate(raw, base, total, w: float, first: bool):
+    """total = (float32(raw) - base) * w, or total + that, in one loop without storing the task vector; the
+    number of non-finite task-vector elements, or None when not run."""
+    import torch
+
+    if base.dtype != torch.float32 or total.dtype != torch.float32 or not _ok(raw, base, total):
+        return None
+    k = _mod()
+    f = k.tau_accumulate if raw.dtype == torch.bfloat16 else k.tau_accumulate_f32
+    return int(f(_np(raw).reshape(-1), _np(base).reshape(-1), _np(total).reshape(-1), float(w), bool(first)))
