@@ -398,3 +398,53 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
         if kept < k:
             short += 1
     return short
+
+
+@_jit
+def tau_sign_stats(raw, base, total, mn, mx, first, is_bf16):
+    """NegMerge's add: tau = raw - base; total = tau (first) or total + tau; mn/mx the running min/max (used only
+    through mn > 0 and mx < 0, so the sign of a zero and the payload of a NaN do not matter); returns the number
+    of non-finite tau elements."""
+    bad = 0
+    for j in range(raw.shape[0]):
+        if is_bf16:
+            x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
+        else:
+            x = np.float32(raw[j]) - base[j]
+        bad += (_f32_as_u32(x) & _EXP) == _EXP
+        if first:
+            total[j] = x
+            mn[j] = x
+            mx[j] = x
+        else:
+            total[j] = total[j] + x
+            a = mn[j]
+            mn[j] = x if (x < a or x != x) else a
+            b = mx[j]
+            mx[j] = x if (x > b or x != x) else b
+    return bad
+
+
+@_jit
+def sign_consensus_finish(total, mn, mx, n):
+    """NegMerge's finish: total / n where every tau shares a strict sign (mn > 0 or mx < 0), else 0; returns the
+    kept count."""
+    c = 0
+    nf = np.float32(n)
+    zero = np.float32(0.0)
+    for j in range(total.shape[0]):
+        keep = (mn[j] > 0) | (mx[j] < 0)
+        v = total[j] / nf
+        total[j] = v if keep else zero
+        c += keep
+    return c
+
+
+@_jit
+def magmax_add(x, best, first):
+    """MagMax: best = x where |x| > |best| (the first model wins ties)."""
+    for j in range(x.shape[0]):
+        if first:
+            best[j] = x[j]
+        elif abs(x[j]) > abs(best[j]):
+            best[j] = x[j]

@@ -226,3 +226,33 @@ def tau_accumulate(raw, base, total, w: float, first: bool):
     k = _mod()
     f = k.tau_accumulate if raw.dtype == torch.bfloat16 else k.tau_accumulate_f32
     return int(f(_np(raw).reshape(-1), _np(base).reshape(-1), _np(total).reshape(-1), float(w), bool(first)))
+
+
+def sign_stats(raw, base, total, mn, mx, first: bool):
+    """NegMerge's fused add (sum, running min and max of tau = raw - base); non-finite count or None."""
+    import torch
+
+    if any(t.dtype != torch.float32 for t in (base, total, mn, mx)) or not _ok(raw, base, total, mn, mx):
+        return None
+    return int(_mod().tau_sign_stats(_np(raw).reshape(-1), _np(base).reshape(-1), _np(total).reshape(-1),
+                                     _np(mn).reshape(-1), _np(mx).reshape(-1), bool(first),
+                                     raw.dtype == torch.bfloat16))
+
+
+def sign_consensus_finish(total, mn, mx, n: int):
+    """NegMerge's sign-consensual mean in place; the kept count, or None."""
+    import torch
+
+    if any(t.dtype != torch.float32 for t in (total, mn, mx)) or not _ok(total, mn, mx):
+        return None
+    return int(_mod().sign_consensus_finish(_np(total).reshape(-1), _np(mn).reshape(-1), _np(mx).reshape(-1), int(n)))
+
+
+def magmax_add(x, best, first: bool) -> bool:
+    """MagMax's running choice in one loop; False when not run."""
+    import torch
+
+    if x.dtype != torch.float32 or best.dtype != torch.float32 or not _ok(x, best):
+        return False
+    _mod().magmax_add(_np(x).reshape(-1), _np(best).reshape(-1), bool(first))
+    return True

@@ -257,6 +257,9 @@ class NegMerge(MergeMethod):
     witness = "total"
     min_models = 2
 
+    def add_raw(self, st, raw, base, i, k, p):
+        return K.sign_stats(raw, base, st.total, st.mn, st.mx, k == 0)
+
     def add(self, st, tau, i, k, p):
         import torch
 
@@ -271,6 +274,9 @@ class NegMerge(MergeMethod):
     def finish(self, st):
         import torch
 
+        kept = K.sign_consensus_finish(st.total, st.mn, st.mx, st.n)
+        if kept is not None:
+            return st.total, kept
         mask = torch.gt(st.mn, 0, out=st.tb)
         mask.logical_or_(st.mx < 0)
         st.total.div_(st.n)
@@ -338,6 +344,8 @@ class MagMax(MergeMethod):
     def add(self, st, tau, i, k, p):
         import torch
 
+        if K.magmax_add(tau, st.best, k == 0):
+            return
         if k == 0:
             st.best.copy_(tau)
         else:
