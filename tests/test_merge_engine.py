@@ -491,7 +491,7 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
     assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32")
     loops = {"task_arithmetic": "tau_accumulate", "ties": "agree", "magnitude": "topk_prune",
              "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "accumulate",
-             "negmerge": "tau_sign_stats", "magmax": "magmax_add", "uniform": "tau_accumulate"}
+             "ca_magnitude": "threshold_prune", "negmerge": "tau_sign_stats", "magmax": "magmax_add", "uniform": "tau_accumulate"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
 

@@ -206,6 +206,9 @@ class CAMagnitude(_Pruned):
         if k == 0:
             st.taken.zero_()
         thr = st.thr[i]
+        if thr is not None and thr.dtype == torch.float32 and K.threshold_prune(tau, float(thr), st.taken):
+            self._accumulate_pruned(st, tau, i, k)
+            return
         if thr is None:
             mask = torch.zeros(tau.shape, dtype=torch.bool, device=tau.device)
         else:

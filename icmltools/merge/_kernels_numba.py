@@ -448,3 +448,16 @@ def magmax_add(x, best, first):
             best[j] = x[j]
         elif abs(x[j]) > abs(best[j]):
             best[j] = x[j]
+
+
+@_jit
+def threshold_prune(x, thr, taken):
+    """CA-magnitude's add: keep |x| > thr on the slots not taken, zero the rest, taken |= kept."""
+    t = np.float32(thr)
+    zero = np.float32(0.0)
+    for j in range(x.shape[0]):
+        keep = (abs(x[j]) > t) & (not taken[j])
+        if keep:
+            taken[j] = True
+        else:
+            x[j] = zero

@@ -256,3 +256,13 @@ def magmax_add(x, best, first: bool) -> bool:
         return False
     _mod().magmax_add(_np(x).reshape(-1), _np(best).reshape(-1), bool(first))
     return True
+
+
+def threshold_prune(x, thr: float, taken) -> bool:
+    """Keep |x| > thr where not `taken` (zero the rest in place), taken |= kept; False when not run."""
+    import torch
+
+    if x.dtype != torch.float32 or taken.dtype != torch.bool or not _ok(x, taken):
+        return False
+    _mod().threshold_prune(_np(x).reshape(-1), float(thr), _np(taken).reshape(-1))
+    return True
