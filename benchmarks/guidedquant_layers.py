@@ -17,7 +17,8 @@ iteration 1's C-step), `pstep_from_kmeans` cd = 4 cycles from the k-means init (
 more labels move), `pstep_one_cycle_from_kmeans` one cycle. `changed`: the fraction of labels that moved;
 `us_per_column_cycle`: CPU microseconds per column and cycle. `lnq_s` runs LNQ with the default CPU P-step
 (numba where installed), `lnq_numpy_s` with the numpy one. Layers are square (d x d) with correlated inputs
-(tokens = 2 d).
+(tokens = 2 d). `load_average`: the machine's 1/5/15-minute load averages at the start and the end (this
+process included), to quote with the figures on a shared machine.
 """
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
     set_threads(a.threads)
+    load0 = os.getloadavg()
     cfg = QuantConfig()
     compile_rec = numba_compile()                     # before any timing: compile time stays out of the ratios
     rows = [bench(int(d), a.bits, cfg) for d in a.sizes.split(",")]
@@ -137,6 +139,7 @@ def main():
     out = {"benchmark": "guidedquant_layers", "bits": a.bits, "groups": cfg.groups, "iters": cfg.iters,
            "cd_cycles": cfg.cd_cycles, "threads": a.threads, "torch": torch.__version__,
            "lnq_pstep_kernel": q.pstep_kernel("cpu"), "numba": compile_rec, "clock": "process_time (CPU s)",
+           "load_average": {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]},
            "rows": rows, "min_pstep_speedup": {k: min(r[k]["speedup"] for r in rows) for k in keys}}
     if compile_rec:
         out["min_pstep_speedup_numba"] = {k: min(r[k]["speedup_numba"] for r in rows) for k in keys}
