@@ -494,6 +494,8 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
              "ca_magnitude": "threshold_prune", "negmerge": "tau_sign_stats", "magmax": "magmax_add", "uniform": "tau_accumulate"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
+    if name in ("magnitude", "ties", "breadcrumbs") and chunk is not None:  # scanned without storing tau
+        assert counted.calls.get("hist_hi_tau") and counted.calls.get("hist_lo_tau"), counted.calls
 
 
 @needs_numba

@@ -461,3 +461,32 @@ def threshold_prune(x, thr, taken):
             taken[j] = True
         else:
             x[j] = zero
+
+
+@_jit
+def _tau_at(raw, base, j, is_bf16):
+    if is_bf16:
+        return _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
+    return np.float32(raw[j]) - base[j]
+
+
+@_jit
+def hist_hi_tau(raw, base, counts, is_bf16):
+    """hist_hi of tau = raw - base computed on the fly (the task vector is never stored); returns the number of
+    non-finite tau elements."""
+    bad = 0
+    for j in range(raw.shape[0]):
+        u = _f32_as_u32(_tau_at(raw, base, j, is_bf16))
+        bad += (u & _EXP) == _EXP
+        counts[(u & _ABS) >> np.uint32(16)] += 1
+    return bad
+
+
+@_jit
+def hist_lo_tau(raw, base, bucket, counts, is_bf16):
+    """hist_lo of tau = raw - base computed on the fly."""
+    b = np.uint32(bucket)
+    for j in range(raw.shape[0]):
+        u = _f32_as_u32(_tau_at(raw, base, j, is_bf16)) & _ABS
+        if (u >> np.uint32(16)) == b:
+            counts[u & np.uint32(0xFFFF)] += 1

@@ -138,6 +138,12 @@ class MergeMethod(abc.ABC):
         """With ``scans``: model i's whole task vector (flattened), e.g. for a top-k threshold."""
         return None
 
+    def scan_raw(self, st: "TensorState", raw, base, i: int):
+        """Optional, as :meth:`add_raw` for :meth:`scan`: model i's whole tensor as read and the base in the
+        compute dtype (a compiled loop need not store tau). Returns the non-finite count of tau, or None when not
+        handled (then :meth:`scan` gets tau)."""
+        return None
+
     def add_raw(self, st: "TensorState", raw, base, i: int, k: int, p: int):
         """Optional: model i's chunk as read (`raw`, the checkpoint's dtype) and the base chunk in the compute
         dtype, for a method that fuses tau = raw - base with its own work (a compiled loop). Returns the
@@ -325,16 +331,17 @@ class TopK:
     index). With ``keep_ties`` every element equal to the threshold is kept (possibly more than k). The mask
     of each chunk is made by :meth:`mask`, fed the chunks in order (once per pass)."""
 
-    def __init__(self, tau_flat, k: int, keep_ties: bool = False):
+    def __init__(self, tau_flat, k: int, keep_ties: bool = False, counts: tuple | None = None, numel: int = 0):
         import torch
 
-        n = tau_flat.numel()
+        n = tau_flat.numel() if tau_flat is not None else numel
         self.k, self.n, self.keep_ties = k, n, keep_ties
         self.seen: dict = {}
         self.thr = None
         if k <= 0 or k >= n:
             return
-        fast = K.radix_select(tau_flat, k)  # the same threshold and counts from two histogram passes
+        # (threshold, above, equal) given (kernels.radix_select_tau), or from two histogram passes over tau
+        fast = counts if counts is not None else K.radix_select(tau_flat, k)
         if fast is not None:
             self.thr, n_gt, n_eq = fast
         else:
@@ -743,6 +750,8 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
     b = _to_compute(run, _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), "base_c", cd)
     for i in wanted:
         raw = _read(run, run.models[i], spec.name, spec, 0, spec.numel, "raw_cand", True)
+        if run.plan.dare_p == 0 and run.device == "cpu" and run.plan.method.scan_raw(st, raw, b, i) == 0:
+            continue  # scanned by a compiled loop (a non-finite tau goes the torch way: checked, named)
         tau, finite = _task_vector(run, raw, b, cd, True)
         if not finite:
             diag.run(run, spec.name, wanted)

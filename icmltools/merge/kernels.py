@@ -128,12 +128,46 @@ def radix_select(a, k: int):
     km = _mod()
     hi = np.zeros(1 << 15, np.int64)
     km.hist_hi(x, hi)
+    return _select(hi, k, lambda bucket, lo: km.hist_lo(x, bucket, lo))
+
+
+def radix_select_tau(raw, base, ks):
+    """radix_select of tau = raw - base (raw bf16 or float32, base float32) for each k of `ks`, without storing
+    tau: one pass for the high histogram, one per distinct bucket for the low ones. (list of (threshold, above,
+    equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite tau elements), or None."""
+    import numpy as np
+    import torch
+
+    if base.dtype != torch.float32 or not _ok(raw, base) or raw.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    r, b, bf = _np(raw).reshape(-1), _np(base).reshape(-1), raw.dtype == torch.bfloat16
+    km = _mod()
+    hi = np.zeros(1 << 15, np.int64)
+    bad = int(km.hist_hi_tau(r, b, hi, bf))
+    if bad:
+        return [], bad
+    los: dict = {}
+
+    def lo_of(bucket, lo):
+        if bucket not in los:
+            los[bucket] = np.zeros(1 << 16, np.int64)
+            km.hist_lo_tau(r, b, bucket, los[bucket], bf)
+        lo += los[bucket]
+
+    n = r.shape[0]
+    return [(_select(hi, k, lo_of) if 0 < k < n else None) for k in ks], 0
+
+
+def _select(hi, k: int, fill_lo):
+    """(k-th largest, #above, #equal) from the high histogram and `fill_lo(bucket, lo)` filling the low one."""
+    import numpy as np
+
     from_top = np.cumsum(hi[::-1])
     idx = int(np.searchsorted(from_top, k))  # first bucket from the top where the count reaches k
     bucket = hi.size - 1 - idx
     above = int(from_top[idx - 1]) if idx > 0 else 0
     lo = np.zeros(1 << 16, np.int64)
-    km.hist_lo(x, bucket, lo)
+    fill_lo(bucket, lo)
     from_top2 = np.cumsum(lo[::-1])
     j = int(np.searchsorted(from_top2, k - above))
     low = (1 << 16) - 1 - j

@@ -161,6 +161,20 @@ class _Magnitude(Weighted):
     def scan(self, st, tau, i):
         st.topk[i] = TopK(tau, self._k(st, i), keep_ties=st.plan.options.get("trim") == "keep_ties")
 
+    def _ks(self, st, i) -> tuple:
+        return (self._k(st, i),)
+
+    def _from_counts(self, st, i, ks, counts) -> None:
+        st.topk[i] = TopK(None, ks[0], st.plan.options.get("trim") == "keep_ties", counts[0], st.numel)
+
+    def scan_raw(self, st, raw, base, i):
+        ks = self._ks(st, i)
+        got = K.radix_select_tau(raw, base, ks)
+        if got is None or got[1]:
+            return None if got is None else got[1]
+        self._from_counts(st, i, ks, got[0])
+        return 0
+
     def prune(self, st, tau, i, p):
         return st.topk[i].prune(tau, p)
 
@@ -222,14 +236,22 @@ class Breadcrumbs(_Magnitude):
         if not 0.0 <= float(plan.options["gamma"]) < 1.0:
             raise BadInputError(f"gamma must be in [0, 1), got {plan.options['gamma']}", param="options")
 
-    def scan(self, st, tau, i):
+    def _ks(self, st, i) -> tuple:
+        """(elements kept before dropping the top, elements of the top dropped)."""
         n = st.numel
         target = top_count(st.plan.densities[i], n)
         n_top = int(float(st.plan.options["gamma"]) * n)
         n_bot = n - target - n_top
         if n_bot < 0:
             n_top, n_bot = n_top + n_bot, 0
-        st.topk[i] = (TopK(tau, n - n_bot), TopK(tau, n_top))
+        return n - n_bot, n_top
+
+    def scan(self, st, tau, i):
+        keep, top = self._ks(st, i)
+        st.topk[i] = (TopK(tau, keep), TopK(tau, top))
+
+    def _from_counts(self, st, i, ks, counts) -> None:
+        st.topk[i] = tuple(TopK(None, k, False, c, st.numel) for k, c in zip(ks, counts))
 
     def prune(self, st, tau, i, p):
         keep, top = st.topk[i]
