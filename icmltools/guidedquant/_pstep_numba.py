@@ -3,8 +3,9 @@
 the official lazy-block `update_P` (Alg. 1's P-step; and `quant._p_step_numpy`), in a column loop: every
 entry keeps g_ij = ((W_hat - W) H_g)[i, j] (from one matmul per group, done by the caller), so per column j
 t = w_hat_j - g_j / H[j, j] = w_j - sum_{k != j} (w_hat_k - w_k) H[k, j] / H[j, j] and w_hat_j = the nearest
-codeword; when an entry's label changes by delta, its row's g += delta H_g[j]. A column costs one comparison
-per row and an update of d values per changed label, in place of the dense d_out d^2 product per cycle. Rows
+codeword; when an entry's label changes by delta, its row's g += delta H_g[j] (fused multiply-adds). A column
+costs two comparisons per row (t against its label's interval between two midpoints; the search only when t
+left it) and an update of d values per changed label, in place of the dense d_out d^2 product per cycle. Rows
 are independent problems: they are swept in tiles, columns in blocks (a block of H_g read once per tile), and
 a row with no change during a cycle has converged (it would see the same t again) and leaves the next ones.
 
@@ -78,7 +79,8 @@ def _row_block(R, S, Hg, inv, vals, mids, bounds, i, j0, j1):
 
 def _sweep(H, R, S, vals, mids, bounds, inv, label, out, gs, cycles, tile, cols):
     """In place on R (d_out, d), each entry's running g = ((W_hat - W) H_g)[i, j], and S (d_out, d), each
-    entry's position in its row's ascending codebook `vals` (d_out, K) with midpoints `mids` (d_out, K - 1):
+    entry's position in its row's ascending codebook `vals` (d_out, K) with midpoints `mids` (d_out, K - 1)
+    and `bounds` (d_out, K + 1) = the midpoints between -inf and +inf:
     `cycles` sweeps over the columns j = 0..d-1 of the rows of each group g (H[g], `gs` rows each,
     inv[g] = 1 / diag H[g]), in tiles of `tile` rows and blocks of `cols` columns (a block of H[g] is read
     once per tile). The nearest codeword of t is the number of midpoints below t (a t exactly on a midpoint
