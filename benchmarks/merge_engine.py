@@ -143,7 +143,10 @@ def child(mode: str, folder: Path, fmt: str, n: int) -> dict:
                     r.get_into(name, b[: spec.numel].view(spec.shape))
             for name in w.order:
                 spec = base.specs[name]
-                w.write(name, base.get_into(name, torch.empty(spec.shape, dtype=spec.dtype)))
+                b = bufs.setdefault("b", torch.empty(0, dtype=spec.dtype))
+                if b.numel() < spec.numel:
+                    b = bufs["b"] = torch.empty(spec.numel, dtype=spec.dtype)
+                w.write(name, base.get_into(name, b[: spec.numel].view(spec.shape)))
         shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
         Path(str(out) + ".json").unlink(missing_ok=True)
     else:
