@@ -556,3 +556,17 @@ def test_compiled_loops_still_name_non_finite_tensors(tmp_path):
             E.merge_to_checkpoint(MemoryReader(big), [MemoryReader(up)], E.make_plan("task_arithmetic", 1), 5.0,
                                   tmp_path / "o.safetensors")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_numba_the_torch_path_runs(tmp_path, monkeypatch):
+    """numba missing (the module not importable): every kernel declines and the merge still runs, same bytes."""
+    base, models = _tied_models()
+    plan = E.make_plan("ties", 3, densities=[0.3], chunk_elems=96)
+    ref = _merge_bytes(tmp_path, "ref", base, models, plan, 1.0)[0]
+    monkeypatch.setitem(K._state, "mod", None)
+    monkeypatch.setitem(K._state, "tried", True)
+    assert not K.available() and K.load_tau(torch.zeros(3), torch.zeros(3), torch.zeros(3)) is None
+    assert _merge_bytes(tmp_path, "torch", base, models, plan, 1.0)[0] == ref
+    code = "import icmltools.merge.engine, icmltools.merge.methods, sys; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # numba is imported on the first kernel call, not with the engine
