@@ -487,6 +487,7 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
             slow = _merge_bytes(tmp_path, "slow", base, models, plan, lam, sign)
         assert fast[0] == slow[0], (name, chunk, lam, sign)
         fast[1].pop("seconds"), slow[1].pop("seconds"), fast[1].pop("read_gb_per_s"), slow[1].pop("read_gb_per_s")
+        assert (fast[1].pop("kernels"), slow[1].pop("kernels")) == ("numba", "torch")  # the JSON says which ran
         assert fast[1] == slow[1]
     assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32")
     loops = {"task_arithmetic": "tau_accumulate", "ties": "agree", "magnitude": "topk_prune",

@@ -257,7 +257,8 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
             "kept_fraction": s["kept_fraction"], "non_finite_inputs": s["non_finite_inputs"], "skipped_non_float": s["skipped_non_float"],
             "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
             "output_format": job.fmt, "bytes_read": s["bytes_read"], "seconds": seconds,
-            "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "peak_rss_gb": _peak_rss_gb(),
+            "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "kernels": s["kernels"],
+            "peak_rss_gb": _peak_rss_gb(),
             "lambda_search": search,
             **({"config": job.source} if job.source else {})}
 

@@ -579,6 +579,7 @@ class MergeStats:
     bytes_read: int = 0
     seconds: float = 0.0
     non_finite_inputs: list = field(default_factory=list)  # (file, tensor, count): only with allow_non_finite
+    compiled_loops: int = 0  # chunks' work done by the numba loops (0: the torch path only)
 
     @property
     def non_finite_tensors(self) -> set:
@@ -611,6 +612,7 @@ class MergeStats:
              "numel": self.numel, "kept": self.kept, "kept_fraction": self.kept_fraction,
              "skipped_non_float": self.skipped_non_float, "bytes_read": self.bytes_read,
              "seconds": round(self.seconds, 4), "non_finite_inputs": self.non_finite_inputs,
+             "kernels": "numba" if self.compiled_loops else "torch",
              "read_gb_per_s": (self.bytes_read / 1e9 / self.seconds) if self.seconds > 0 else None}
         if per_tensor:
             d["per_tensor"] = {k: {"numel": n, "kept_fraction": (c / n if n else None)}
@@ -839,7 +841,7 @@ def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan
     merged task-vector chunk or None): consume it before the next tensor (the buffers are reused)."""
     stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
     run = _Run(base, models, plan, device, stats, allow_non_finite)
-    t0 = time.perf_counter()
+    t0, k0 = time.perf_counter(), K.runs()
     for j, name in enumerate(names):
         spec = base.specs[name]
         if not is_float_dtype(spec.dtype):
@@ -853,6 +855,8 @@ def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan
         else:
             yield name, spec, _tensor_chunks(run, spec)
         stats.seconds = time.perf_counter() - t0
+        stats.compiled_loops += K.runs() - k0
+        k0 = K.runs()
         if progress is not None:
             progress("merging tensors", j + 1, len(names))
 

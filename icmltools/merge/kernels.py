@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-_state: dict = {"enabled": True, "mod": None, "tried": False}
+_state: dict = {"enabled": True, "mod": None, "tried": False, "ran": 0}
 
 
 def _mod():
@@ -48,7 +48,13 @@ def _ok(*ts) -> bool:
         if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in (torch.float32, torch.bfloat16, torch.bool,
                                                                              torch.uint8):
             return False
+    _state["ran"] += 1
     return True
+
+
+def runs() -> int:
+    """How many times a compiled loop was chosen so far in this process (a merge records whether it used any)."""
+    return _state["ran"]
 
 
 def _np(t):
