@@ -54,7 +54,7 @@ def _official_lazy_p_step(W, H, labels, C, cd_cycles, block=128):
 # --------------------------------------------------------------------------------------------- exact checks
 
 
-# the CPU P-step kernels: each must give the official labels (numba: the optional extra `fast`, installed by `test`)
+# the CPU P-step kernels: each must give the official labels (numba: a dependency; skipped where it does not import)
 KERNELS = ["numpy", pytest.param("numba", marks=pytest.mark.skipif(not q.numba_available(), reason="numba missing"))]
 
 

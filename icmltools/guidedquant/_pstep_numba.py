@@ -1,4 +1,4 @@
-"""The LNQ P-step sweep compiled with numba (the optional extra `icml-tools[fast]`); imported only by
+"""The LNQ P-step sweep compiled with numba (a dependency); imported only by
 `quant.p_step` on CPU (through `quant.numba_available`), never at package import. Same coordinate descent as
 the official lazy-block `update_P` (Alg. 1's P-step; and `quant._p_step_numpy`), in a column loop: every
 entry keeps g_ij = ((W_hat - W) H_g)[i, j] (from one matmul per group, done by the caller), so per column j

@@ -70,7 +70,7 @@ KERNELS = ("auto", "numba", "numpy", "torch")
 
 @functools.cache
 def numba_available() -> bool:
-    """Whether the compiled P-step can run: numba imports (`pip install 'icml-tools[fast]'`; a numba that does
+    """Whether the compiled P-step can run: numba imports (a dependency; a numba that does
     not import, e.g. built for another numpy, counts as missing)."""
     try:
         from . import _pstep_numba  # noqa: F401
@@ -90,7 +90,7 @@ def pstep_kernel(device="cpu", kernel: str = "auto") -> str:
     if kernel in ("numba", "numpy") and not cpu:
         raise BadInputError(f"the {kernel} P-step runs on CPU tensors only, got {device}", param="kernel")
     if kernel == "numba" and not numba_available():
-        raise MissingDependencyError("the numba P-step needs numba: pip install 'icml-tools[fast]'")
+        raise MissingDependencyError("the numba P-step needs numba, which does not import here: pip install numba")
     return kernel
 
 

@@ -1,4 +1,4 @@
-"""The merge engine's fused CPU loops, compiled with numba (the optional extra `icml-tools[fast]`); imported only
+"""The merge engine's fused CPU loops, compiled with numba (a dependency); imported only
 through :mod:`icmltools.merge.kernels`, never at package import.
 
 Every loop does, element by element and in the same order, the float32 operations of the torch path it

@@ -1,4 +1,5 @@
-"""Fused CPU loops of the merge engine (numba, the optional extra `fast`), with the torch path as the fallback.
+"""Fused CPU loops of the merge engine (numba), with the torch path as the fallback (numba missing or
+not importing, an accelerator, float16/float64, or :func:`torch_only`).
 
 Each function here runs its compiled loop when numba is installed, the tensors are float32 (bfloat16 raw
 inputs/outputs) on the CPU and contiguous, and the kernels are not switched off (:func:`torch_only`); it
