@@ -5,7 +5,9 @@ and the process's CPU time, which other jobs on a shared machine disturb less):
   read    - reading every tensor of the 11 files once through the same lazy reader (the I/O floor),
   stream  - the streamed NegMerge (icmltools.negmerge.merge.merge_to_checkpoint, lambda = 1), which checks
             every tensor read and written for NaN/inf (one reduction each),
-  stream_unchecked - the same merge with those finiteness checks switched off (their cost, in the same run),
+  stream_unchecked - the same merge with the engine's separate torch finiteness check replaced by a no-op (with
+            numba the compiled loops count non-finite values inside their own pass, so this no longer isolates
+            the checks' cost; it did on the torch path),
   naive   - a plain torch merge that loads all 11 state_dicts (safetensors.torch.load_file), merges with
             torch.stack per tensor and saves with save_file.
 Then checks that the two merged files are identical, deletes everything it wrote, and prints one JSON
