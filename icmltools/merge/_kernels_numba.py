@@ -193,6 +193,21 @@ def topk_prune(x, mode, thr, all_ties, left):
 
 
 @_jit
+def _topk_keeps(a, mode, thr, keep_all, left, seen):
+    """Whether one TopK rule keeps |x| = a (mode 0: none, 1: all, else |x| > thr, and the first `left` of the
+    |x| == thr ties unless `keep_all`), and its tie counter after this element."""
+    if mode == 0:
+        return False, seen
+    if mode == 1:
+        return True, seen
+    if a > thr:
+        return True, seen
+    if a == thr:
+        return keep_all or seen < left, seen + 1
+    return False, seen
+
+
+@_jit
 def band_prune(x, mode_k, thr_k, all_k, left_k, mode_t, thr_t, all_t, left_t):
     """Breadcrumbs: keep where TopK k keeps and TopK t (the top gamma) does not; zero the rest. Returns the
     |x| == thr counts of both (each TopK's tie counter advances over the whole chunk)."""
@@ -201,28 +216,8 @@ def band_prune(x, mode_k, thr_k, all_k, left_k, mode_t, thr_t, all_t, left_t):
     st = 0
     for j in range(x.shape[0]):
         a = abs(x[j])
-        if mode_k == 0:
-            ink = False
-        elif mode_k == 1:
-            ink = True
-        elif a > tk:
-            ink = True
-        elif a == tk:
-            ink = all_k or sk < left_k
-            sk += 1
-        else:
-            ink = False
-        if mode_t == 0:
-            intop = False
-        elif mode_t == 1:
-            intop = True
-        elif a > tt:
-            intop = True
-        elif a == tt:
-            intop = all_t or st < left_t
-            st += 1
-        else:
-            intop = False
+        ink, sk = _topk_keeps(a, mode_k, tk, all_k, left_k, sk)
+        intop, st = _topk_keeps(a, mode_t, tt, all_t, left_t, st)
         if not ink or intop:
             x[j] = 0.0
     return sk, st
