@@ -290,32 +290,17 @@ def ties_finish(acc, div, normalize):
 
 
 @_jit
-def tau_accumulate(raw, base, total, w, first):
+def tau_accumulate(raw, base, total, w, first, is_bf16):
     """total = (float32(raw) - base) * w (first) or total + that (the * w only for w != 1), without storing the
-    task vector; returns the number of non-finite task-vector elements."""
+    task vector (raw: bf16 bits as uint16, or float32); returns the number of non-finite task-vector elements."""
     bad = 0
     scale = w != 1.0
     wf = np.float32(w)
     for j in range(raw.shape[0]):
-        x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
-        bad += (_f32_as_u32(x) & _EXP) == _EXP
-        if scale:
-            x = x * wf
-        if first:
-            total[j] = x
+        if is_bf16:
+            x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
         else:
-            total[j] = total[j] + x
-    return bad
-
-
-@_jit
-def tau_accumulate_f32(raw, base, total, w, first):
-    """As tau_accumulate for float32 raw values."""
-    bad = 0
-    scale = w != 1.0
-    wf = np.float32(w)
-    for j in range(raw.shape[0]):
-        x = raw[j] - base[j]
+            x = np.float32(raw[j]) - base[j]
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if scale:
             x = x * wf

@@ -264,9 +264,8 @@ def tau_accumulate(raw, base, total, w: float, first: bool):
 
     if base.dtype != torch.float32 or total.dtype != torch.float32 or not _ok(raw, base, total):
         return None
-    k = _mod()
-    f = k.tau_accumulate if raw.dtype == torch.bfloat16 else k.tau_accumulate_f32
-    return int(f(_np(raw).reshape(-1), _np(base).reshape(-1), _np(total).reshape(-1), float(w), bool(first)))
+    return int(_mod().tau_accumulate(_np(raw).reshape(-1), _np(base).reshape(-1), _np(total).reshape(-1), float(w),
+                                     bool(first), raw.dtype == torch.bfloat16))
 
 
 def sign_stats(raw, base, total, mn, mx, first: bool):
