@@ -95,19 +95,23 @@ def _round_bf16(r):
 
 
 @_jit
+def _applied(b, m, lf, mode):
+    """theta_0 + tau (mode 0), theta_0 + tau * lambda (1), theta_0 - tau * lambda (2), in float32."""
+    if mode == 0:
+        return b + m
+    if mode == 1:
+        return b + m * lf
+    return b - m * lf
+
+
+@_jit
 def apply_bf16(bd, merged, lam, mode, out):
     """out = bf16(bd + merged) (mode 0), bf16(bd + merged * lam) (mode 1), bf16(bd - merged * lam) (mode 2);
     returns the number of non-finite outputs."""
     bad = 0
     lf = np.float32(lam)
     for j in range(bd.shape[0]):
-        if mode == 0:
-            r = bd[j] + merged[j]
-        elif mode == 1:
-            r = bd[j] + merged[j] * lf
-        else:
-            r = bd[j] - merged[j] * lf
-        o = _round_bf16(r)
+        o = _round_bf16(_applied(bd[j], merged[j], lf, mode))
         out[j] = o
         bad += (o & np.uint16(0x7F80)) == np.uint16(0x7F80)
     return bad
@@ -119,12 +123,7 @@ def apply_f32(bd, merged, lam, mode, out):
     bad = 0
     lf = np.float32(lam)
     for j in range(bd.shape[0]):
-        if mode == 0:
-            r = bd[j] + merged[j]
-        elif mode == 1:
-            r = bd[j] + merged[j] * lf
-        else:
-            r = bd[j] - merged[j] * lf
+        r = _applied(bd[j], merged[j], lf, mode)
         out[j] = r
         bad += (_f32_as_u32(r) & _EXP) == _EXP
     return bad
