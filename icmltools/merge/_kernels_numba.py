@@ -226,6 +226,15 @@ def band_prune(x, mode_k, thr_k, all_k, left_k, mode_t, thr_t, all_t, left_t):
 
 
 @_jit
+def _sum_into(total, j, v, first):
+    """total[j] = v (the first model) or total[j] + v (the running sum, in the torch path's order)."""
+    if first:
+        total[j] = v
+    else:
+        total[j] = total[j] + v
+
+
+@_jit
 def accumulate(x, total, w, first, bits, bit):
     """The weighted sum of a pruned chunk: v = x * w (w != 1), total = v (first) or total + v; x is left
     multiplied (as the torch path's in-place mul_). bits[j] += bit where x != 0 (when bit != 0).
@@ -242,10 +251,7 @@ def accumulate(x, total, w, first, bits, bit):
         if scale:
             v = v * wf
             x[j] = v
-        if first:
-            total[j] = v
-        else:
-            total[j] = total[j] + v
+        _sum_into(total, j, v, first)
     return c
 
 
@@ -303,10 +309,7 @@ def tau_accumulate(raw, base, total, w, first, is_bf16):
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if scale:
             x = x * wf
-        if first:
-            total[j] = x
-        else:
-            total[j] = total[j] + x
+        _sum_into(total, j, x, first)
     return bad
 
 
