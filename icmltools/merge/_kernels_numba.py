@@ -42,6 +42,14 @@ _ABS = np.uint32(0x7FFFFFFF)
 
 
 @_jit
+def _tau_at(raw, base, j, is_bf16):
+    """tau_j = float32(raw_j) - base_j (raw: bf16 bits as uint16, or float32)."""
+    if is_bf16:
+        return _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
+    return np.float32(raw[j]) - base[j]
+
+
+@_jit
 def bf16_to_f32(raw, out):
     """out = float32(raw) (raw: bf16 bits as uint16)."""
     for j in range(raw.shape[0]):
@@ -302,10 +310,7 @@ def tau_accumulate(raw, base, total, w, first, is_bf16):
     scale = w != 1.0
     wf = np.float32(w)
     for j in range(raw.shape[0]):
-        if is_bf16:
-            x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
-        else:
-            x = np.float32(raw[j]) - base[j]
+        x = _tau_at(raw, base, j, is_bf16)
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if scale:
             x = x * wf
@@ -389,10 +394,7 @@ def tau_sign_stats(raw, base, total, mn, mx, first, is_bf16):
     of non-finite tau elements."""
     bad = 0
     for j in range(raw.shape[0]):
-        if is_bf16:
-            x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
-        else:
-            x = np.float32(raw[j]) - base[j]
+        x = _tau_at(raw, base, j, is_bf16)
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if first:
             total[j] = x
@@ -443,13 +445,6 @@ def threshold_prune(x, thr, taken):
             taken[j] = True
         else:
             x[j] = zero
-
-
-@_jit
-def _tau_at(raw, base, j, is_bf16):
-    if is_bf16:
-        return _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
-    return np.float32(raw[j]) - base[j]
 
 
 @_jit
