@@ -739,6 +739,13 @@ class _Diagnosis:
             check_input(run.models[i].get(name), run.models[i], name, run.allow, run.stats)
         self.inputs_bad = len(run.stats.non_finite_inputs) > before
 
+    def task_vector(self, run: _Run, name: str, wanted: Sequence[int], i: int, cd) -> None:
+        """Model i's task vector is not finite: name the input at fault (recorded, or refused by check_input),
+        else raise the overflow error."""
+        self.run(run, name, wanted)
+        if not self.inputs_bad:
+            raise _overflow(run, name, i, cd)
+
 
 def _overflow(run: _Run, name: str, i: int, cd) -> RuntimeFailure:
     dt = str(cd).replace("torch.", "")
@@ -756,9 +763,7 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
             continue  # scanned by a compiled loop (a non-finite tau goes the torch way: checked, named)
         tau, finite = _task_vector(run, raw, b, cd, True)
         if not finite:
-            diag.run(run, spec.name, wanted)
-            if not diag.inputs_bad:
-                raise _overflow(run, spec.name, i, cd)
+            diag.task_vector(run, spec.name, wanted, i, cd)
         if run.plan.dare_p > 0:
             tau = dare_tensor(tau, run.plan.dare_p, dare_generator(run.plan.seed, spec.name, i, run.device))
         run.plan.method.scan(st, tau, i)
@@ -777,15 +782,11 @@ def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, wh
                 bad = m.add_raw(st, raw, bd, i, k, p)
                 if bad is not None:
                     if check and bad:
-                        diag.run(run, spec.name, wanted)
-                        if not diag.inputs_bad:
-                            raise _overflow(run, spec.name, i, cd)
+                        diag.task_vector(run, spec.name, wanted, i, cd)
                     continue
             tau, finite = _task_vector(run, raw, bd, cd, check)
             if check and not finite:  # before DARE (drops hide NaN)
-                diag.run(run, spec.name, wanted)
-                if not diag.inputs_bad:
-                    raise _overflow(run, spec.name, i, cd)
+                diag.task_vector(run, spec.name, wanted, i, cd)
             if plan.dare_p > 0:
                 tau = st.dare(tau, i, plan.dare_p, stream=p)
             if fused and p == 0:
