@@ -401,25 +401,20 @@ class TopK:
 def kth_largest(a, k: int) -> float:
     """The k-th largest value of the flat, non-negative, finite tensor `a` (1 <= k <= numel), exactly.
 
-    float32: a radix select on the bit patterns (non-negative floats order as their int32 bits): a histogram of
-    the high 16 bits finds the bucket holding the k-th largest, a histogram of that bucket's low 16 bits the
-    value; about twice as fast as ``torch.kthvalue`` on one thread. Other dtypes: ``torch.kthvalue``."""
+    float32: a radix select on the bit patterns (:func:`kernels.select_from_histograms` on torch's histograms of
+    the high 16 bits, then of the low 16 bits inside the bucket holding the k-th largest); 1.5-1.8x as fast
+    as ``torch.kthvalue`` on one thread (11.5M elements: 0.07-0.09 s vs 0.13 s). Other dtypes: ``torch.kthvalue``."""
     import torch
 
     if a.dtype != torch.float32:
         return float(torch.kthvalue(a, a.numel() - k + 1).values)
-    bits = a.view(torch.int32)
+    bits = a.reshape(-1).view(torch.int32)
     hi = bits >> 16
-    counts = torch.bincount(hi.reshape(-1), minlength=1 << 15)
-    from_top = counts.flip(0).cumsum(0)
-    idx = int(torch.searchsorted(from_top, k))  # first bucket (from the top) where the count reaches k
-    bucket = counts.numel() - 1 - idx
-    above = int(from_top[idx - 1]) if idx > 0 else 0
-    low = torch.bitwise_and(bits[hi == bucket], 0xFFFF)
-    from_top2 = torch.bincount(low, minlength=1 << 16).flip(0).cumsum(0)
-    j = int(torch.searchsorted(from_top2, k - above))
-    value = (bucket << 16) | ((1 << 16) - 1 - j)
-    return float(torch.tensor([value], dtype=torch.int32).view(torch.float32))
+
+    def fill_lo(bucket, lo):
+        lo += torch.bincount(torch.bitwise_and(bits[hi == bucket], 0xFFFF), minlength=1 << 16).numpy()
+
+    return K.select_from_histograms(torch.bincount(hi, minlength=1 << 15).numpy(), k, fill_lo)[0]
 
 
 def top_count(density: float, numel: int) -> int:

@@ -135,7 +135,7 @@ def radix_select(a, k: int):
     km = _mod()
     hi = np.zeros(1 << 15, np.int64)
     km.hist_hi(x, hi)
-    return _select(hi, k, lambda bucket, lo: km.hist_lo(x, bucket, lo))
+    return select_from_histograms(hi, k, lambda bucket, lo: km.hist_lo(x, bucket, lo))
 
 
 def radix_select_tau(raw, base, ks):
@@ -162,11 +162,14 @@ def radix_select_tau(raw, base, ks):
         lo += los[bucket]
 
     n = r.shape[0]
-    return [(_select(hi, k, lo_of) if 0 < k < n else None) for k in ks], 0
+    return [(select_from_histograms(hi, k, lo_of) if 0 < k < n else None) for k in ks], 0
 
 
-def _select(hi, k: int, fill_lo):
-    """(k-th largest, #above, #equal) from the high histogram and `fill_lo(bucket, lo)` filling the low one."""
+def select_from_histograms(hi, k: int, fill_lo):
+    """(k-th largest, #above, #equal) of non-negative float32 values from the histogram `hi` of their high 16 bits
+    (numpy, 2^15 buckets) and `fill_lo(bucket, lo)` adding the low 16 bits' histogram of that bucket into `lo`
+    (a radix select: non-negative floats order as their bits). Shared by the compiled scans and the torch path
+    (:func:`engine.kth_largest`)."""
     import numpy as np
 
     from_top = np.cumsum(hi[::-1])
