@@ -40,34 +40,23 @@ class _Pruned(E.MergeMethod):
 
     def _accumulate(self, st, tau, mask, i: int, k: int) -> None:
         """total += w_i * (tau * mask); tau (the engine's chunk buffer, ours to modify) is pruned in place."""
-        pruned = tau.masked_fill_(mask.logical_not(), 0)
-        st.mark(i, pruned)
-        w = st.plan.weights[i]
-        if k == 0:
-            st.added = False
-        if w != 0:
-            self._add(st, pruned, w)
+        self._accumulate_pruned(st, tau.masked_fill_(mask.logical_not(), 0), i, k)
 
-    def _accumulate_pruned(self, st, x, i: int, k: int) -> bool:
-        """_accumulate for a chunk already pruned in place (zeros where dropped), in one compiled loop; False
-        when it cannot run."""
+    def _accumulate_pruned(self, st, x, i: int, k: int) -> None:
+        """total += w_i * x for a chunk already pruned in place (zeros where dropped), counting model i's kept
+        slots: one compiled loop where it can run, else the torch ops; a zero-weight model is only counted."""
         w = st.plan.weights[i]
         if k == 0:
             st.added = False
-        mb = st.mark_bits(i, x)
-        if w == 0 or mb is None:
-            st.mark(i, x)
-            if w != 0:
-                self._add(st, x, w)
-            return True
-        c = K.accumulate(x, st.total, w, not st.added, *mb)
-        if c is None:
-            st.mark(i, x)
+        mb = st.mark_bits(i, x) if w != 0 else None
+        c = None if mb is None else K.accumulate(x, st.total, w, not st.added, *mb)
+        if c is not None:
+            st.marked(i, c)
+            st.added = True
+            return
+        st.mark(i, x)
+        if w != 0:
             self._add(st, x, w)
-            return True
-        st.marked(i, c)
-        st.added = True
-        return True
 
     @staticmethod
     def _add(st, pruned, w: float) -> None:
