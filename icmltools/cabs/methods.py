@@ -48,10 +48,7 @@ class _Pruned(E.MergeMethod):
         w = st.plan.weights[i]
         if k == 0:
             st.added = False
-        mb = st.mark_bits(i, x) if w != 0 else None
-        c = None if mb is None else K.accumulate(x, st.total, w, not st.added, *mb)
-        if c is not None:
-            st.marked(i, c)
+        if w != 0 and st.accumulate_counted(i, x, w, not st.added):
             st.added = True
             return
         st.mark(i, x)

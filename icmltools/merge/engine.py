@@ -487,6 +487,16 @@ class TensorState:
         """Model i kept `count` more slots (counted by a compiled loop)."""
         self.model_kept[i] += count
 
+    def accumulate_counted(self, i: int, x, w: float, first: bool) -> bool:
+        """total = w * x (first) or total + w * x, x left weighted, model i's kept slots counted (and its overlap
+        bits set), in one compiled loop; False when it cannot run (the caller's torch ops follow)."""
+        mb = self.mark_bits(i, x)
+        c = None if mb is None else K.accumulate(x, self.total, w, first, *mb)
+        if c is None:
+            return False
+        self.marked(i, c)
+        return True
+
     def _chunk_overlap(self) -> None:
         if self._bits is None:
             return

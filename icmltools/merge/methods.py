@@ -89,14 +89,7 @@ class Weighted(MergeMethod):
         """The weighting, the kept count and the sum (pass 0) or the disjoint accumulation (pass 1) in one
         compiled loop; False when it cannot run (the torch ops follow)."""
         if p == 0:
-            mb = st.mark_bits(i, x) if self.tracks else (None, 0)
-            if mb is None:
-                return False
-            c = K.accumulate(x, st.total, w, k == 0, *mb)
-            if c is None:
-                return False
-            st.marked(i, c)
-            return True
+            return st.accumulate_counted(i, x, w, k == 0)
         return K.agree(x, st.total, st.acc, st.div, w, k == 0)
 
     def _agree(self, st, wp, w: float, k: int) -> None:
