@@ -294,3 +294,124 @@ def test_all_finite_is_exact():
     assert all_finite(big) and all_finite(torch.full((10,), 60000.0, dtype=torch.float16))
     assert not all_finite(torch.tensor([1.0, float("nan")]).to(torch.float8_e5m2))
     assert all_finite(torch.ones(4).to(torch.float8_e4m3fn))
+
+
+# ------------------------------------------------------------------ direct I/O, parts, the writer thread
+
+def _big_sd(n_elems=(1, 4095, 2048, 3000, 0, 70001)):
+    g = torch.Generator().manual_seed(3)
+    sd = {f"t{i}": torch.randn(n, generator=g).to(torch.bfloat16) for i, n in enumerate(n_elems)}
+    sd["f32"] = torch.randn(1234, generator=g)
+    return sd
+
+
+@pytest.mark.parametrize("stage", [4096, 8192, 1 << 20])
+def test_direct_io_output_is_byte_identical(tmp_path, monkeypatch, stage):
+    """O_DIRECT (every size here, staging buffers that fill mid-tensor and a tail that is not a whole block) writes
+    exactly the bytes the page-cache path writes."""
+    from icmltools.taskvec import writers
+
+    sd = _big_sd()
+    write_state_dict(sd, tmp_path / "plain.safetensors")
+    opened = []
+    real = writers._DirectFile
+
+    def spy(path):
+        f = real(path)
+        opened.append(f)
+        return f
+
+    monkeypatch.setattr(writers, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(writers, "_STAGE", stage)
+    monkeypatch.setattr(writers, "_DirectFile", spy)
+    write_state_dict(sd, tmp_path / "direct.safetensors")
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this OS")
+    assert opened, "the direct path was not taken"
+    assert (tmp_path / "direct.safetensors").read_bytes() == (tmp_path / "plain.safetensors").read_bytes()
+    assert _same(sd, open_checkpoint(tmp_path / "direct.safetensors"))
+
+
+def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
+    from icmltools.taskvec import writers
+
+    def refuse(path):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(writers, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(writers, "_DirectFile", refuse)
+    sd = _big_sd()
+    write_state_dict(sd, tmp_path / "m.safetensors")
+    assert _same(sd, open_checkpoint(tmp_path / "m.safetensors"))
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "torch", "hf_safetensors"])
+def test_write_range_parts_equal_whole_tensors(tmp_path, fmt):
+    """Tensors written in parts (any split, in order) give the file written whole; out-of-order parts refused."""
+    sd = _big_sd()
+    base = MemoryReader(sd, fmt="safetensors")
+    write_state_dict(sd, tmp_path / "whole", fmt=fmt)
+    with CheckpointWriter(base, tmp_path / "parts", fmt=fmt) as w:
+        for name in w.order:
+            t = sd[name].reshape(-1)
+            cuts = sorted({0, t.numel(), *range(0, t.numel(), 997)})
+            if t.numel() == 0:
+                w.write_range(name, 0, 0, t)
+            for a, b in zip(cuts, cuts[1:]):
+                w.write_range(name, a, b, t[a:b].clone())
+    assert _same(sd, open_checkpoint(tmp_path / "parts"))
+    with pytest.raises(RuntimeError, match="part at element"):
+        with CheckpointWriter(base, tmp_path / "bad.safetensors") as w:
+            name = w.order[1]
+            w.write_range(w.order[0], 0, sd[w.order[0]].numel(), sd[w.order[0]].reshape(-1))
+            w.write_range(name, 1, 2, sd[name].reshape(-1)[1:2])
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_write_behind_writes_in_order_and_reuses_slots(tmp_path):
+    from icmltools.taskvec import WriteBehind
+
+    sd = _big_sd()
+    base = MemoryReader(sd, fmt="safetensors")
+    bufs = [torch.empty(70001, dtype=torch.bfloat16) for _ in range(2)]
+    with CheckpointWriter(base, tmp_path / "m.safetensors") as cw, WriteBehind(cw, slots=2) as w:
+        for name in w.order:
+            t = sd[name].reshape(-1)
+            if t.dtype != torch.bfloat16 or t.numel() == 0:
+                w.write(name, sd[name])
+                continue
+            for a in range(0, t.numel(), 1000):
+                b = min(t.numel(), a + 1000)
+                s = w.slot()
+                buf = bufs[s][: b - a]
+                buf.copy_(t[a:b])  # the slot is free: its last write is done
+                w.write_range(name, a, b, buf, s)
+    assert _same(sd, open_checkpoint(tmp_path / "m.safetensors"))
+
+
+def test_write_behind_error_in_the_thread_leaves_nothing(tmp_path):
+    """The thread's first error is raised in the caller, and the writer's exit removes the temporary output."""
+    from icmltools.taskvec import WriteBehind
+
+    sd = _big_sd()
+    base = MemoryReader(sd, fmt="safetensors")
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(RuntimeError, match="expected tensor"):
+        with CheckpointWriter(base, out) as cw, WriteBehind(cw) as w:
+            w.write(w.order[1], sd[w.order[1]])  # out of order: refused in the thread
+            for name in w.order:
+                w.write(name, sd[name])
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_write_behind_interrupt_leaves_nothing(tmp_path):
+    from icmltools.taskvec import WriteBehind
+
+    sd = _big_sd()
+    base = MemoryReader(sd, fmt="safetensors")
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(KeyboardInterrupt):
+        with CheckpointWriter(base, out) as cw, WriteBehind(cw) as w:
+            w.write(w.order[0], sd[w.order[0]])
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []

@@ -33,6 +33,7 @@ from icmltools.taskvec import (
     CheckpointWriter,
     MemoryReader,
     TensorSpec,
+    WriteBehind,
     all_finite,
     check_compatible,
     count_non_finite,
@@ -880,22 +881,24 @@ def _apply_chunk(bd, merged, lam: float, sign: int, pool: BufferPool):
 
 def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool, pool: BufferPool,
                   tainted: Callable[[], bool], base: CheckpointReader) -> None:
-    """Fill the output tensor (base dtype, CPU) chunk by chunk and hand it to the writer."""
+    """Compute the output (base dtype, CPU) chunk by chunk, each chunk into a free output slot of the writer (a
+    :class:`WriteBehind`, whose thread writes it while the next chunk is merged)."""
     if chunks is None:
         w.write(name, base.get(name))
         return
-    out = pool.get("out", (spec.numel,), base.specs[name].dtype)  # the output's dtype (`base` may be retyped)
+    dtype = base.specs[name].dtype  # the output's dtype (`base` may be retyped)
     for a, b, raw_b, bd, merged in chunks:
+        slot = w.slot()
+        o = pool.get(f"out{slot}", (b - a,), dtype)
         if merged is None or (skip_zero and lam == 0):
-            out[a:b].copy_(raw_b)
-            continue
-        o = out[a:b]
-        bad = K.apply(bd, merged, lam, sign, o) if bd.device.type == "cpu" else None
-        if bad is None:
-            o.copy_(_apply_chunk(bd, merged, lam, sign, pool))
-        if bad != 0:
-            check_output(o, name, lam, tainted(), "lam", sign)
-    w.write(name, out.view(tuple(spec.shape)))
+            o.copy_(raw_b)
+        else:
+            bad = K.apply(bd, merged, lam, sign, o) if bd.device.type == "cpu" else None
+            if bad is None:
+                o.copy_(_apply_chunk(bd, merged, lam, sign, pool))
+            if bad != 0:
+                check_output(o, name, lam, tainted(), "lam", sign)
+        w.write_range(name, a, b, o, slot)
 
 
 class RetypedReader(CheckpointReader):
@@ -938,7 +941,7 @@ def merge_to_checkpoint(base: CheckpointReader, models: Sequence[CheckpointReade
     pool = BufferPool("cpu")
     dt = output_dtype(out_dtype)
     target = base if dt is None else RetypedReader(base, dt)
-    with CheckpointWriter(target, out_path, fmt=fmt, record=record) as w:
+    with CheckpointWriter(target, out_path, fmt=fmt, record=record) as cw, WriteBehind(cw, slots=3) as w:
         for name, spec, chunks in iter_merged(base, models, plan, w.order, device, stats, progress, allow_non_finite):
             _write_tensor(w, name, spec, chunks, lam, sign, skip_zero, pool,
                           lambda n=name: n in stats.non_finite_tensors, target)

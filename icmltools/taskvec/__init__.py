@@ -22,10 +22,10 @@ from .readers import (
     iter_tensors,
     open_checkpoint,
 )
-from .writers import CheckpointWriter, write_state_dict
+from .writers import CheckpointWriter, WriteBehind, write_state_dict
 
 __all__ = [
     "OUTPUT_FORMATS", "TensorSpec", "all_finite", "count_non_finite", "default_output_name", "is_float_dtype", "read_record", "resolve_output_format",
     "sidecar_path", "CheckpointReader", "MemoryReader", "SafetensorsReader", "ShardedReader", "TorchReader",
-    "check_compatible", "iter_tensors", "open_checkpoint", "CheckpointWriter", "write_state_dict",
+    "check_compatible", "iter_tensors", "open_checkpoint", "CheckpointWriter", "WriteBehind", "write_state_dict",
 ]

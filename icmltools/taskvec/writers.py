@@ -43,6 +43,84 @@ def _tensor_bytes(t) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
+DIRECT_MIN_BYTES = 64 << 20  # a safetensors file at least this large is written with O_DIRECT (when the OS allows)
+_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks (4096 covers 512-byte disks)
+_STAGE = 16 << 20  # the aligned staging buffer
+
+
+class _DirectFile:
+    """A new file written with ``O_DIRECT``: the bytes go from one page-aligned staging buffer straight to the
+    disk, in whole blocks as it fills, without passing through the page cache. A large output then takes no
+    fresh memory and leaves no write-back for the final fsync (measured on our 2-core VM, whose host backs
+    fresh guest memory lazily: 1 GB written through the page cache took 0.26-11.3 s + 0.4-0.5 s of fsync; with
+    O_DIRECT 0.47-0.51 s, 0.02 s of CPU). :meth:`flush` ends the file: the tail is padded to a block, written,
+    and the file truncated to its true length. Opening raises OSError where the file system refuses O_DIRECT
+    (tmpfs); the caller then writes through the page cache."""
+
+    def __init__(self, path):
+        import mmap
+
+        self.closed = True
+        self.fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_DIRECT)
+        self.closed = False
+        self._buf = mmap.mmap(-1, _STAGE)  # anonymous maps are page-aligned
+        self._view = memoryview(self._buf)
+        self._fill = 0
+        self.size = 0
+        self._ended = False
+
+    def write(self, data) -> int:
+        if self._ended:
+            raise ValueError("write after the end of a direct file")
+        mv = memoryview(data).cast("B")
+        n, pos = len(mv), 0
+        while pos < n:
+            k = min(n - pos, _STAGE - self._fill)
+            self._view[self._fill:self._fill + k] = mv[pos:pos + k]
+            self._fill += k
+            pos += k
+            if self._fill == _STAGE:
+                self._drain(_STAGE)
+        self.size += n
+        return n
+
+    def _drain(self, nbytes: int) -> None:
+        done = 0
+        while done < nbytes:
+            done += os.write(self.fd, self._view[done:nbytes])
+        self._fill = 0
+
+    def flush(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        if self._fill:
+            pad = -self._fill % _ALIGN
+            self._view[self._fill:self._fill + pad] = bytes(pad)
+            self._drain(self._fill + pad)
+            os.ftruncate(self.fd, self.size)
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._view.release()
+            self._buf.close()
+            os.close(self.fd)
+
+
+def _open_stream(path, nbytes: int):
+    """A writable file for a streamed safetensors file of about `nbytes`: direct I/O when large and allowed."""
+    if nbytes >= DIRECT_MIN_BYTES and hasattr(os, "O_DIRECT"):
+        try:
+            return _DirectFile(path)
+        except OSError:
+            pass
+    return open(path, "wb")
+
+
 class _StreamingSafetensorsFile:
     """Write a .safetensors file tensor by tensor: the header (offsets from the known specs) goes first."""
 
@@ -61,6 +139,7 @@ class _StreamingSafetensorsFile:
         self.fh = fh
         self.pending = [s for s in specs]
         self.pos = 0
+        self.part = 0  # bytes of the current tensor written by write_part
 
     def write(self, name, tensor):
         s = self.pending[self.pos]
@@ -70,6 +149,22 @@ class _StreamingSafetensorsFile:
             raise RuntimeError(f"tensor {name!r}: got {tuple(tensor.shape)} {tensor.dtype}, expected {s.shape} {s.dtype}")
         self.fh.write(_tensor_bytes(tensor))
         self.pos += 1
+
+    def write_part(self, name, start: int, data) -> bool:
+        """Bytes of tensor `name` from element `start` on (parts in order, from 0); True when it is complete."""
+        s = self.pending[self.pos]
+        if s.name != name:
+            raise RuntimeError(f"streaming writer expected tensor {s.name!r}, got {name!r}")
+        if start * s.dtype.itemsize != self.part:
+            raise RuntimeError(f"tensor {name!r}: part at element {start}, expected {self.part // s.dtype.itemsize}")
+        self.part += self.fh.write(data)
+        if self.part > s.nbytes:
+            raise RuntimeError(f"tensor {name!r}: {self.part} bytes written for {s.nbytes}")
+        if self.part < s.nbytes:
+            return False
+        self.pos += 1
+        self.part = 0
+        return True
 
     def done(self) -> bool:
         return self.pos == len(self.pending)
@@ -151,8 +246,8 @@ class CheckpointWriter:
         if self.fmt.endswith("safetensors"):
             cm = atomic_path(target, suffix=".tmp.safetensors")
             tmp = self._stack.enter_context(cm)
-            fh = open(tmp, "wb")
             specs = [self.base.specs[n] for n in names]
+            fh = _open_stream(tmp, sum(sp.nbytes for sp in specs))
             self._cur = ("st", cm, tmp, fh, _StreamingSafetensorsFile(fh, specs, self._metadata()))
         else:
             self._cur = ("pt", None, target, None, names)
@@ -190,9 +285,38 @@ class CheckpointWriter:
             if tuple(tensor.shape) != tuple(spec.shape) or tensor.dtype != spec.dtype:
                 raise RuntimeError(f"tensor {name!r}: wrong shape/dtype for the output")
             self._collected[name] = tensor.detach().to("cpu").clone()  # callers may reuse their buffers
+        self._tensor_done()
+
+    def _tensor_done(self) -> None:
         self._cur_left.pop(0)
         if not self._cur_left:
             self._next_shard()
+
+    def write_range(self, name, start: int, stop: int, part) -> None:
+        """Elements [start, stop) of tensor `name` (flattened, in its dtype): the parts of a tensor in order, from
+        0 to its size; the tensor is complete with its last part. `part` may be reused once this returns."""
+        if self._cur is None:
+            raise RuntimeError(f"writer got tensor {name!r} after every tensor was written")
+        if not self._cur_left or self._cur_left[0] != name:
+            raise RuntimeError(f"writer expected tensor {self._cur_left[0] if self._cur_left else None!r}, got {name!r}")
+        spec = self.base.specs[name]
+        if part.dtype != spec.dtype or part.numel() != stop - start \
+                or not (0 <= start < stop <= spec.numel or start == stop == spec.numel == 0):
+            raise RuntimeError(f"tensor {name!r}: wrong part [{start}, {stop}) {part.dtype} for the output")
+        if self._cur[0] == "st":
+            done = self._cur[4].write_part(name, start, _tensor_bytes(part))
+        else:
+            import torch
+
+            full = self._collected.get(name)
+            if full is None:
+                full = self._collected[name] = torch.empty(spec.numel, dtype=spec.dtype)
+            full[start:stop].copy_(part.reshape(-1))
+            done = stop == spec.numel
+            if done:
+                self._collected[name] = full.view(tuple(spec.shape))
+        if done:
+            self._tensor_done()
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
@@ -247,6 +371,84 @@ class CheckpointWriter:
             doc = {"metadata": meta, "weight_map": {n: f for f, names in self.layout for n in names}}
             atomic_write_json(self.tmpdir / index_name, doc)
         atomic_write_json(self.tmpdir / RECORD_IN_FOLDER, self.record)
+
+
+class WriteBehind:
+    """A :class:`CheckpointWriter` fed from another thread: ``write`` hands the tensor to one writer thread and
+    returns, so copying the output into the page cache (and a shard's fsync) runs on another core while the
+    caller computes the next tensor. Tensors are written in the order given.
+
+    A caller that fills its own buffers takes a buffer index from :meth:`slot` (0..slots-1; it waits until the
+    write that last used that buffer is done) and passes it to :meth:`write`; a tensor written without a slot
+    must not be changed afterwards. Use as a context manager inside the writer's: a clean exit waits for every
+    write and re-raises the first error of the thread; an exception (Ctrl-C included) drops the writes not
+    started, waits for the one running, and lets the writer's own exit remove the temporary output.
+    """
+
+    def __init__(self, writer: CheckpointWriter, slots: int = 2):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.writer = writer
+        self.order = writer.order
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="icml-write")
+        self._slots: list = [None] * max(1, int(slots))
+        self._next = 0
+        self._last = None
+        self._error: BaseException | None = None
+
+    def __enter__(self):
+        return self
+
+    def slot(self) -> int:
+        """The index of an output buffer no pending write still reads (round robin)."""
+        i = self._next
+        self._next = (i + 1) % len(self._slots)
+        fut, self._slots[i] = self._slots[i], None
+        if fut is not None:
+            fut.result()
+        self._raise()
+        return i
+
+    def _write(self, name, tensor) -> None:
+        if self._error is None:  # after a failure the rest is dropped; the first error is the one raised
+            try:
+                self.writer.write(name, tensor)
+            except BaseException as e:
+                self._error = e
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def write(self, name, tensor, slot: int | None = None) -> None:
+        self._raise()
+        self._last = self._pool.submit(self._write, name, tensor)
+        if slot is not None:
+            self._slots[slot] = self._last
+
+    def write_range(self, name, start: int, stop: int, part, slot: int | None = None) -> None:
+        """:meth:`CheckpointWriter.write_range` in the writer thread (`part` unchanged until its slot is free)."""
+        self._raise()
+        self._last = self._pool.submit(self._write_range, name, start, stop, part)
+        if slot is not None:
+            self._slots[slot] = self._last
+
+    def _write_range(self, name, start, stop, part) -> None:
+        if self._error is None:
+            try:
+                self.writer.write_range(name, start, stop, part)
+            except BaseException as e:
+                self._error = e
+
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is None and self._last is not None:
+                self._last.result()  # writes run in order: the last done means every one is
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        if exc_type is None:
+            self._raise()
+        return False
 
 
 def _apply_umask(path: Path) -> None:
