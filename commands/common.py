@@ -181,7 +181,8 @@ def device_option(f):
 def threads_option(default: int | None = 1):
     def deco(f):
         return click.option("--threads", type=click.IntRange(min=1), default=default, show_default=True,
-                            help="Torch/BLAS threads (one thread is far faster for small models on shared cores).")(f)
+                            help="Torch/BLAS/numba threads (one thread is far faster for small models on shared cores; "
+                                 "merges of large checkpoints use more).")(f)
     return deco
 
 

@@ -499,6 +499,39 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
         assert counted.calls.get("hist_hi_tau") and counted.calls.get("hist_lo_tau"), counted.calls
 
 
+
+@needs_numba
+@pytest.mark.parametrize("name", _all_methods())
+def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
+    """Tensors large enough that the compiled loops split their work into pieces over numba's threads (top-k tie
+    quotas carried across pieces, n:m blocks, histograms summed): bitwise the torch path, with 1 or 2 threads."""
+    import numba
+
+    g = torch.Generator().manual_seed(11)
+    base = {"big": torch.randn(2 ** 21 + 37, generator=g) * 0.05,
+            "bf": (torch.randn(1 << 20, generator=g) * 0.05).to(torch.bfloat16)}
+    models = [{k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) for k, v in base.items()}
+              for _ in range(3)]
+    m = E.get_method(name)
+    kw = {"chunk_elems": 1 << 21, "seed": 5}
+    if m.weighted:
+        kw["weights"] = [0.7, -1.3, 0.5]
+    if m.uses_density:
+        kw["densities"] = [0.3, 0.2, 0.45]
+    if name == "task_vector":
+        kw["options"] = {"index": 2}
+    plan = E.make_plan(name, 3, **kw)
+    with K.torch_only():
+        slow = _merge_bytes(tmp_path, "slow", base, models, plan, 1.3)[0]
+    old = numba.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, numba.config.NUMBA_NUM_THREADS)}):
+            numba.set_num_threads(threads)
+            assert _merge_bytes(tmp_path, "fast", base, models, plan, 1.3)[0] == slow, (name, threads)
+    finally:
+        numba.set_num_threads(old)
+
+
 @needs_numba
 @pytest.mark.parametrize("nm", [(4, 32), (3, 8), (5, 7), (1, 1), (7, 7)])
 @pytest.mark.parametrize("use_taken", [False, True])

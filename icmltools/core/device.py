@@ -62,6 +62,7 @@ def device_info(device: str) -> dict:
 
 _THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                "NUMEXPR_NUM_THREADS")
+_requested: dict = {"threads": None}
 
 
 def set_threads(n: int | None) -> int | None:
@@ -90,4 +91,17 @@ def set_threads(n: int | None) -> int | None:
     torch = sys.modules.get("torch")  # a command that never loads torch does not pay its 3 s import; one that
     if torch is not None and torch.get_num_threads() != n:  # loads it later reads OMP_NUM_THREADS set above
         torch.set_num_threads(n)
+    _requested["threads"] = n
+    numba_threads()
     return n
+
+
+def numba_threads() -> None:
+    """Size numba's parallel loops to the count set by :func:`set_threads` (capped by numba's pool), when numba
+    is loaded; a module that loads numba later calls this after its import. (Not NUMBA_NUM_THREADS: numba
+    refuses a change of that variable once its pool has started.)"""
+    import sys
+
+    numba, n = sys.modules.get("numba"), _requested["threads"]
+    if numba is not None and n is not None:
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import types
+from numba import prange, types
 from numba.extending import intrinsic
 
 
@@ -30,11 +30,34 @@ def _f32_as_u32(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
-def _jit(fn):
+def _jit(fn, parallel=False):
     try:
-        return numba.njit(cache=True, nogil=True)(fn)
+        return numba.njit(cache=True, nogil=True, parallel=parallel)(fn)
     except RuntimeError:  # no writable cache location: compile in every process
-        return numba.njit(nogil=True)(fn)
+        return numba.njit(nogil=True, parallel=parallel)(fn)
+
+
+def _pjit(fn):
+    """A loop spread over numba's threads (`prange`; :func:`icmltools.core.device.set_threads` sizes them): each
+    element, block or piece is computed by the same serial code whatever the thread count, so the results do
+    not depend on it (the reductions are integer counts)."""
+    return _jit(fn, parallel=True)
+
+
+_MAX_PIECES = 8  # numba's threads share these out (a fixed count: the compiled loops stay cacheable)
+
+
+@_jit
+def _n_pieces(n, align):
+    """How many pieces a loop over n elements is cut into: up to 8, none smaller than 2^18 elements."""
+    return max(1, min(_MAX_PIECES, n // max(1 << 18, align)))
+
+
+@_jit
+def _piece(n, t, T, align):
+    """[lo, hi) of piece t of T over n elements, cut at multiples of `align` (blocks never straddle pieces)."""
+    blocks = (n + align - 1) // align
+    return min(n, (blocks * t // T) * align), min(n, (blocks * (t + 1) // T) * align)
 
 
 _EXP = np.uint32(0x7F800000)
@@ -49,47 +72,47 @@ def _tau_at(raw, base, j, is_bf16):
     return np.float32(raw[j]) - base[j]
 
 
-@_jit
+@_pjit
 def bf16_to_f32(raw, out):
     """out = float32(raw) (raw: bf16 bits as uint16)."""
-    for j in range(raw.shape[0]):
+    for j in prange(raw.shape[0]):
         out[j] = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16))
 
 
-@_jit
+@_pjit
 def tau_bf16(raw, base, out):
     """out = float32(raw) - base; returns the number of non-finite results."""
     bad = 0
-    for j in range(raw.shape[0]):
+    for j in prange(raw.shape[0]):
         x = _u32_as_f32(np.uint32(raw[j]) << np.uint32(16)) - base[j]
         out[j] = x
         bad += (_f32_as_u32(x) & _EXP) == _EXP
     return bad
 
 
-@_jit
+@_pjit
 def tau_f32(raw, base, out):
     """out = raw - base (float32); returns the number of non-finite results."""
     bad = 0
-    for j in range(raw.shape[0]):
+    for j in prange(raw.shape[0]):
         x = raw[j] - base[j]
         out[j] = x
         bad += (_f32_as_u32(x) & _EXP) == _EXP
     return bad
 
 
-@_jit
+@_pjit
 def count_non_finite(x):
     bad = 0
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         bad += (_f32_as_u32(x[j]) & _EXP) == _EXP
     return bad
 
 
-@_jit
+@_pjit
 def count_nonzero(x):
     c = 0
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         c += x[j] != 0
     return c
 
@@ -112,25 +135,25 @@ def _applied(b, m, lf, mode):
     return b - m * lf
 
 
-@_jit
+@_pjit
 def apply_bf16(bd, merged, lam, mode, out):
     """out = bf16(bd + merged) (mode 0), bf16(bd + merged * lam) (mode 1), bf16(bd - merged * lam) (mode 2);
     returns the number of non-finite outputs."""
     bad = 0
     lf = np.float32(lam)
-    for j in range(bd.shape[0]):
+    for j in prange(bd.shape[0]):
         o = _round_bf16(_applied(bd[j], merged[j], lf, mode))
         out[j] = o
         bad += (o & np.uint16(0x7F80)) == np.uint16(0x7F80)
     return bad
 
 
-@_jit
+@_pjit
 def apply_f32(bd, merged, lam, mode, out):
     """out = bd + merged (mode 0), bd + merged * lam (1), bd - merged * lam (2), float32; non-finite count."""
     bad = 0
     lf = np.float32(lam)
-    for j in range(bd.shape[0]):
+    for j in prange(bd.shape[0]):
         r = _applied(bd[j], merged[j], lf, mode)
         out[j] = r
         bad += (_f32_as_u32(r) & _EXP) == _EXP
@@ -140,42 +163,85 @@ def apply_f32(bd, merged, lam, mode, out):
 # --------------------------------------------------------------------------------------------- exact top-k
 
 
-@_jit
+@_pjit
 def hist_hi(x, counts):
     """counts[h] += #elements whose |x| has the high 16 bits h (|x| as its int bits: the order of |x|)."""
-    for j in range(x.shape[0]):
-        counts[(_f32_as_u32(x[j]) & _ABS) >> np.uint32(16)] += 1
+    n = x.shape[0]
+    T = _n_pieces(n, 1)
+    part = np.zeros((T, counts.shape[0]), np.int64)
+    for t in prange(T):
+        lo, hi = _piece(n, t, T, 1)
+        for j in range(lo, hi):
+            part[t, (_f32_as_u32(x[j]) & _ABS) >> np.uint32(16)] += 1
+    _add_parts(counts, part)
 
 
-@_jit
+@_pjit
 def hist_lo(x, bucket, counts):
     """counts[l] += #elements of high bits `bucket` whose low 16 bits are l."""
     b = np.uint32(bucket)
-    for j in range(x.shape[0]):
-        u = _f32_as_u32(x[j]) & _ABS
-        if (u >> np.uint32(16)) == b:
-            counts[u & np.uint32(0xFFFF)] += 1
+    n = x.shape[0]
+    T = _n_pieces(n, 1)
+    part = np.zeros((T, counts.shape[0]), np.int64)
+    for t in prange(T):
+        lo, hi = _piece(n, t, T, 1)
+        for j in range(lo, hi):
+            u = _f32_as_u32(x[j]) & _ABS
+            if (u >> np.uint32(16)) == b:
+                part[t, u & np.uint32(0xFFFF)] += 1
+    _add_parts(counts, part)
 
 
 @_jit
+def _add_parts(counts, part):
+    """counts += the per-piece histograms."""
+    for t in range(part.shape[0]):
+        for h in range(counts.shape[0]):
+            counts[h] += part[t, h]
+
+
+@_pjit
 def topk_prune(x, mode, thr, all_ties, left):
     """Zero the elements of chunk x not kept by one TopK (mode 0: none kept, 1: all, 2: |x| > thr, and of the
     |x| == thr the first `left` (every one with all_ties)); returns the number of |x| == thr seen.
 
-    In blocks of 4096: a block whose ties are all kept or all dropped runs a branch-free select (vectorised);
-    only the block where the ties' quota runs out is walked one element at a time."""
+    In pieces (one per thread, cut at blocks of 4096): the ties of each piece are counted first, so each piece
+    knows how many ties come before it; then each piece runs :func:`_topk_span`."""
     n = x.shape[0]
-    zero = np.float32(0.0)
     if mode == 1:
         return 0
     if mode == 0:
-        for j in range(n):
-            x[j] = zero
+        for j in prange(n):
+            x[j] = np.float32(0.0)
         return 0
     t = np.float32(thr)
-    seen = 0
-    for s in range(0, n, 4096):
-        e = min(s + 4096, n)
+    T = _n_pieces(n, 4096)
+    before = np.zeros(T + 1, np.int64)
+    if T > 1 and not all_ties:
+        for p in prange(T):
+            lo, hi = _piece(n, p, T, 4096)
+            c = 0
+            for j in range(lo, hi):
+                c += abs(x[j]) == t
+            before[p + 1] = c
+        for p in range(T):
+            before[p + 1] += before[p]
+    seen = np.zeros(T, np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, 4096)
+        seen[p] = _topk_span(x, lo, hi, t, all_ties, left, before[p])
+    return seen.sum()
+
+
+@_jit
+def _topk_span(x, lo, hi, t, all_ties, left, seen0):
+    """topk_prune over [lo, hi) with `seen0` ties before it, in blocks of 4096: a block whose ties are all kept
+    or all dropped runs a branch-free select (vectorised); only the block where the ties' quota runs out is
+    walked one element at a time. Returns the ties in [lo, hi)."""
+    zero = np.float32(0.0)
+    seen = seen0
+    for s in range(lo, hi, 4096):
+        e = min(s + 4096, hi)
         c = 0
         for j in range(s, e):
             c += abs(x[j]) == t
@@ -196,7 +262,7 @@ def topk_prune(x, mode, thr, all_ties, left):
                         continue
                 x[j] = zero
         seen += c
-    return seen
+    return seen - seen0
 
 
 @_jit
@@ -242,7 +308,7 @@ def _sum_into(total, j, v, first):
         total[j] = total[j] + v
 
 
-@_jit
+@_pjit
 def accumulate(x, total, w, first, bits, bit):
     """The weighted sum of a pruned chunk: v = x * w (w != 1), total = v (first) or total + v; x is left
     multiplied (as the torch path's in-place mul_). bits[j] += bit where x != 0 (when bit != 0).
@@ -250,7 +316,7 @@ def accumulate(x, total, w, first, bits, bit):
     c = 0
     scale = w != 1.0
     wf = np.float32(w)
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         v = x[j]
         nz = v != 0
         c += nz
@@ -263,13 +329,13 @@ def accumulate(x, total, w, first, bits, bit):
     return c
 
 
-@_jit
+@_pjit
 def agree(x, total, acc, div, w, first):
     """TIES pass 1 (Alg. 1 l. 6-7): wp = x * w; where sign(wp) is the elected sign(total), acc += wp and
     div += w (acc, div zeroed first)."""
     wf = np.float32(w)
     one = w == 1.0
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         t = total[j]
         s = np.float32(1.0) if t > 0 else (np.float32(-1.0) if t < 0 else np.float32(0.0))
         v = x[j]
@@ -288,13 +354,13 @@ def agree(x, total, acc, div, w, first):
             div[j] = div[j] + d
 
 
-@_jit
+@_pjit
 def ties_finish(acc, div, normalize):
     """TIES' disjoint mean: acc / div where div != 0 (acc, 0 elsewhere, as torch's where(div == 0, 1, div)),
     with `normalize`; returns the nonzeros of div (the kept count)."""
     c = 0
     one = np.float32(1.0)
-    for j in range(acc.shape[0]):
+    for j in prange(acc.shape[0]):
         d = div[j]
         c += d != 0
         if normalize:
@@ -302,14 +368,14 @@ def ties_finish(acc, div, normalize):
     return c
 
 
-@_jit
+@_pjit
 def tau_accumulate(raw, base, total, w, first, is_bf16):
     """total = (float32(raw) - base) * w (first) or total + that (the * w only for w != 1), without storing the
     task vector (raw: bf16 bits as uint16, or float32); returns the number of non-finite task-vector elements."""
     bad = 0
     scale = w != 1.0
     wf = np.float32(w)
-    for j in range(raw.shape[0]):
+    for j in prange(raw.shape[0]):
         x = _tau_at(raw, base, j, is_bf16)
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if scale:
@@ -318,12 +384,18 @@ def tau_accumulate(raw, base, total, w, first, is_bf16):
     return bad
 
 
-@_jit
+@_pjit
 def pair_counts(bits, n):
     """counts[i][j] = #slots with bits i and j both set (uint8 bits: n <= 8), from one histogram."""
+    size = bits.shape[0]
+    T = _n_pieces(size, 1)
+    part = np.zeros((T, 256), np.int64)
+    for t in prange(T):
+        lo, hi = _piece(size, t, T, 1)
+        for j in range(lo, hi):
+            part[t, bits[j]] += 1
     h = np.zeros(256, np.int64)
-    for j in range(bits.shape[0]):
-        h[bits[j]] += 1
+    _add_parts(h, part)
     out = np.zeros((n, n), np.int64)
     for v in range(256):
         if h[v] == 0:
@@ -339,7 +411,7 @@ def pair_counts(bits, n):
 # --------------------------------------------------------------------------------------------- n:m blocks
 
 
-@_jit
+@_pjit
 def nm_prune(x, n, m, taken, use_taken, pad_tail):
     """Balanced n:m (BS; with `use_taken` the CA step): per block of m (row-major), keep the n largest |x| among
     the slots not taken (ties by lower index), zero the rest, mark the kept in `taken`; the last partial block
@@ -347,13 +419,26 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
 
     Each free slot gets the unique key (bits of |x|) * m + (m - 1 - position) (a taken slot -1); the n-th
     largest key of the block is found by n vectorised max passes, and the free slots with a key at least that
-    are kept: the n largest |x|, ties to the lower position."""
+    are kept: the n largest |x|, ties to the lower position. In pieces of whole
+    blocks, one per thread."""
     size = x.shape[0]
+    T = _n_pieces(size, m)
+    short = np.zeros(T, np.int64)
+    for t in prange(T):
+        lo, hi = _piece(size, t, T, m)
+        short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
+    return short.sum()
+
+
+@_jit
+def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
+    """nm_prune over the blocks in [lo, hi) (lo a multiple of m); returns its short blocks."""
+    size = hi
     short = 0
     keys = np.empty(m, np.int64)
     zero = np.float32(0.0)
     none = np.int64(-2)
-    for s in range(0, size, m):
+    for s in range(lo, hi, m):
         e = min(s + m, size)
         L = e - s
         if L < m and not pad_tail:
@@ -387,13 +472,13 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     return short
 
 
-@_jit
+@_pjit
 def tau_sign_stats(raw, base, total, mn, mx, first, is_bf16):
     """NegMerge's add: tau = raw - base; total = tau (first) or total + tau; mn/mx the running min/max (used only
     through mn > 0 and mx < 0, so the sign of a zero and the payload of a NaN do not matter); returns the number
     of non-finite tau elements."""
     bad = 0
-    for j in range(raw.shape[0]):
+    for j in prange(raw.shape[0]):
         x = _tau_at(raw, base, j, is_bf16)
         bad += (_f32_as_u32(x) & _EXP) == _EXP
         if first:
@@ -409,14 +494,14 @@ def tau_sign_stats(raw, base, total, mn, mx, first, is_bf16):
     return bad
 
 
-@_jit
+@_pjit
 def sign_consensus_finish(total, mn, mx, n):
     """NegMerge's finish: total / n where every tau shares a strict sign (mn > 0 or mx < 0), else 0; returns the
     kept count."""
     c = 0
     nf = np.float32(n)
     zero = np.float32(0.0)
-    for j in range(total.shape[0]):
+    for j in prange(total.shape[0]):
         keep = (mn[j] > 0) | (mx[j] < 0)
         v = total[j] / nf
         total[j] = v if keep else zero
@@ -424,22 +509,22 @@ def sign_consensus_finish(total, mn, mx, n):
     return c
 
 
-@_jit
+@_pjit
 def magmax_add(x, best, first):
     """MagMax: best = x where |x| > |best| (the first model wins ties)."""
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         if first:
             best[j] = x[j]
         elif abs(x[j]) > abs(best[j]):
             best[j] = x[j]
 
 
-@_jit
+@_pjit
 def threshold_prune(x, thr, taken):
     """CA-magnitude's add: keep |x| > thr on the slots not taken, zero the rest, taken |= kept."""
     t = np.float32(thr)
     zero = np.float32(0.0)
-    for j in range(x.shape[0]):
+    for j in prange(x.shape[0]):
         keep = (abs(x[j]) > t) & (not taken[j])
         if keep:
             taken[j] = True
@@ -447,23 +532,37 @@ def threshold_prune(x, thr, taken):
             x[j] = zero
 
 
-@_jit
+@_pjit
 def hist_hi_tau(raw, base, counts, is_bf16):
     """hist_hi of tau = raw - base computed on the fly (the task vector is never stored); returns the number of
     non-finite tau elements."""
-    bad = 0
-    for j in range(raw.shape[0]):
-        u = _f32_as_u32(_tau_at(raw, base, j, is_bf16))
-        bad += (u & _EXP) == _EXP
-        counts[(u & _ABS) >> np.uint32(16)] += 1
-    return bad
+    n = raw.shape[0]
+    T = _n_pieces(n, 1)
+    part = np.zeros((T, counts.shape[0]), np.int64)
+    bads = np.zeros(T, np.int64)
+    for t in prange(T):
+        lo, hi = _piece(n, t, T, 1)
+        bad = 0
+        for j in range(lo, hi):
+            u = _f32_as_u32(_tau_at(raw, base, j, is_bf16))
+            bad += (u & _EXP) == _EXP
+            part[t, (u & _ABS) >> np.uint32(16)] += 1
+        bads[t] = bad
+    _add_parts(counts, part)
+    return bads.sum()
 
 
-@_jit
+@_pjit
 def hist_lo_tau(raw, base, bucket, counts, is_bf16):
     """hist_lo of tau = raw - base computed on the fly."""
     b = np.uint32(bucket)
-    for j in range(raw.shape[0]):
-        u = _f32_as_u32(_tau_at(raw, base, j, is_bf16)) & _ABS
-        if (u >> np.uint32(16)) == b:
-            counts[u & np.uint32(0xFFFF)] += 1
+    n = raw.shape[0]
+    T = _n_pieces(n, 1)
+    part = np.zeros((T, counts.shape[0]), np.int64)
+    for t in prange(T):
+        lo, hi = _piece(n, t, T, 1)
+        for j in range(lo, hi):
+            u = _f32_as_u32(_tau_at(raw, base, j, is_bf16)) & _ABS
+            if (u >> np.uint32(16)) == b:
+                part[t, u & np.uint32(0xFFFF)] += 1
+    _add_parts(counts, part)

@@ -679,6 +679,7 @@ class _Run:
     allow: bool = False
     cpu_pool: BufferPool = field(default_factory=BufferPool)
     dev_pool: BufferPool | None = None
+    views: dict = field(default_factory=dict)  # (buffer key, reader) -> (reader, name, a, b) not yet released
 
     def __post_init__(self):
         if self.dev_pool is None:
@@ -699,11 +700,35 @@ def _chunks(numel: int, plan: Plan):
 
 
 def _read(run: _Run, reader, name, spec, a: int, b: int, key: str, full: bool):
-    """Elements [a, b) of tensor `name` of `reader` into a pooled CPU buffer (the tensor's dtype)."""
+    """Elements [a, b) of tensor `name` of `reader`, flattened, in the tensor's dtype: a view of the mapped file
+    where the reader offers one and the bytes are only read (a dtype other than the compute dtype: the task
+    vector goes to another buffer), else read into a pooled CPU buffer. A view's pages leave the process's
+    resident memory when the next read of the same `key` comes."""
+    if run.device == "cpu" and spec.dtype != compute_dtype(spec.dtype):
+        v = reader.view_range(name, a, b)
+        if v is not None:
+            _viewed(run, key, reader, name, a, b, spec.dtype.itemsize)
+            return v
     out = run.cpu_pool.get(key, (b - a,), spec.dtype)
     if full:
         return reader.get_into(name, out.view(tuple(spec.shape))).reshape(-1)
     return reader.get_range_into(name, a, b, out)
+
+
+_RELEASE_BYTES = 1 << 25  # mapped views are dropped from resident memory 32 MB at a time (one madvise each)
+
+
+def _viewed(run: _Run, key: str, reader, name: str, a: int, b: int, itemsize: int) -> None:
+    """Record a view of [a, b) of `reader` under `key`; the range viewed before it there is released once it
+    reaches 32 MB or the tensor changes (a view handed out stays valid: its pages are only unmapped)."""
+    slot = (key, id(reader))
+    prev = run.views.get(slot)
+    if prev is not None and prev[1] == name and prev[3] == a and (b - prev[2]) * itemsize <= _RELEASE_BYTES:
+        run.views[slot] = (reader, name, prev[2], b)  # the same tensor read on: one release later
+        return
+    if prev is not None:
+        prev[0].release_range(*prev[1:])
+    run.views[slot] = (reader, name, a, b)
 
 
 def _to_compute(run: _Run, raw, key: str, cd):

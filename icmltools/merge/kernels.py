@@ -21,6 +21,10 @@ def _mod():
             _state["mod"] = _kernels_numba
         except ImportError:  # numba missing: the torch path
             _state["mod"] = None
+        else:
+            from icmltools.core.device import numba_threads
+
+            numba_threads()  # the loops' threads: --threads (set before numba was loaded)
     return _state["mod"]
 
 

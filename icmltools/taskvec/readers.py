@@ -65,6 +65,17 @@ class CheckpointReader(abc.ABC):
         out.copy_(self.get(name).reshape(-1)[start:stop])
         return out
 
+    def view_range(self, name: str, start: int, stop: int):
+        """Elements [start, stop) of tensor `name` (flattened) as a tensor over the file's bytes, without a copy,
+        or None where this reader cannot (then use :meth:`get_range_into`). The caller must not write into it
+        (the file is mapped copy-on-write: a write would stay in this process's memory, never in the file)."""
+        return None
+
+    def release_range(self, name: str, start: int, stop: int) -> None:
+        """Drop from this process's resident memory the pages a view of [start, stop) mapped (they stay in the
+        page cache; a later access maps them again). The view stays valid. Readers without views: nothing."""
+        return None
+
     @property
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.specs.values())
@@ -104,6 +115,7 @@ class _SafetensorsFile:
         except Exception as e:  # SafetensorError on bad/short headers, OSError on unreadable files
             raise BadInputError(f"{self.path}: corrupt or truncated safetensors file ({str(e).splitlines()[0][:200]})") from e
         # safetensors keeps keys sorted; storage order (by offset) is what a faithful rewrite keeps
+        self._map = None  # the file mapped on the first view_range (False: not mappable)
         self.offsets: dict[str, tuple[int, int]] = {}
         self.data_start = 0
         self.order = self._storage_order()
@@ -173,6 +185,48 @@ class _SafetensorsFile:
                 raise BadInputError(f"{self.path}: truncated while reading tensor {name!r}")
         return out
 
+    def _byte_range(self, name: str, start: int, stop: int):
+        """(file offset, length) of elements [start, stop), or None (no offsets, a bad range or misaligned)."""
+        rng, spec = self.offsets.get(name), self.specs[name]
+        if rng is None or rng[1] - rng[0] != spec.nbytes or not 0 <= start <= stop <= spec.numel:
+            return None
+        size = spec.dtype.itemsize
+        off = self.data_start + rng[0] + start * size
+        return (off, (stop - start) * size) if off % size == 0 else None
+
+    def view_range(self, name: str, start: int, stop: int):
+        """See :meth:`CheckpointReader.view_range`: a slice of one copy-on-write map of the whole file."""
+        import mmap
+
+        import numpy as np
+        import torch
+
+        where = self._byte_range(name, start, stop)
+        if where is None or where[1] == 0:
+            return None
+        if self._map is None:
+            try:
+                with open(self.path, "rb") as fh:
+                    self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
+            except (OSError, ValueError):  # not mappable (a pipe, an empty or special file): read it instead
+                self._map = False
+        if self._map is False or where[0] + where[1] > len(self._map):
+            return None  # a truncated file: get_range_into names it
+        arr = np.frombuffer(self._map, dtype=np.uint8, count=where[1], offset=where[0])
+        return torch.from_numpy(arr).view(self.specs[name].dtype)
+
+    def release_range(self, name: str, start: int, stop: int) -> None:
+        import mmap
+
+        where = self._byte_range(name, start, stop)
+        if not self._map or where is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        a = where[0] // page * page
+        b = min(len(self._map), -(-(where[0] + where[1]) // page) * page)
+        if b > a:
+            self._map.madvise(mmap.MADV_DONTNEED, a, b - a)  # private, never written: the file's bytes stay
+
     def get(self, name: str):
         from safetensors import safe_open
 
@@ -201,6 +255,16 @@ class SafetensorsReader(CheckpointReader):
 
     def get_range_into(self, name, start, stop, out):
         return self._file.get_range_into(name, start, stop, out)
+
+    def view_range(self, name, start, stop):
+        return self._file.view_range(name, start, stop)
+
+    def release_range(self, name, start, stop):
+        self._file.release_range(name, start, stop)
+
+    def close(self):
+        self._file._map = None  # unmapped once no view is left
+        super().close()
 
 
 # --------------------------------------------------------------------------------------------- torch
@@ -332,6 +396,15 @@ class ShardedReader(CheckpointReader):
             return f.get_range_into(name, start, stop, out)
         out.copy_(f[name].reshape(-1)[start:stop])
         return out
+
+    def view_range(self, name, start, stop):
+        f = self._files[self._where[name]]
+        return f.view_range(name, start, stop) if isinstance(f, _SafetensorsFile) else None
+
+    def release_range(self, name, start, stop):
+        f = self._files[self._where[name]]
+        if isinstance(f, _SafetensorsFile):
+            f.release_range(name, start, stop)
 
     def close(self):
         self._files = {}
