@@ -7,8 +7,9 @@
 The models are generated in a temporary folder (removed at the end): a Llama-like layout (embedding and head
 32000 x 2048, blocks of 4 x 2048^2 + 3 x 2048 x 5632, the number of blocks chosen for --gb) in bfloat16, written
 both as single .safetensors files and as Hugging Face sharded folders. For each layout: a plain read of the same
-files through the same reader (the floor; run twice, the second timed, so the files are in the page cache), then every method (task vector merge written to disk), each in a
-fresh process with one thread: seconds, GB/s of checkpoint read (the bytes of base + models, once), peak RSS
+files through the same reader (the floor, one thread; run twice, the second timed, so the files are in the page
+cache), then every method (task vector merge written to disk), each in a fresh process with --threads threads
+(default: every core): seconds, GB/s of checkpoint read (the bytes of base + models, once), peak RSS
 (VmHWM) minus the process's RSS after its imports, and the ratio to the plain read (the target). For context a
 second floor, `read_write`: the same read plus writing one model-sized output through the same writer (what every
 merge must also do), and each method's ratio to it. Prints one JSON document.
@@ -108,16 +109,17 @@ def _vm(key: str) -> int:
     return -1
 
 
-def child(mode: str, folder: Path, fmt: str, n: int) -> dict:
+def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1) -> dict:
     """One measurement in this fresh process: a plain read, or one method's merge to disk."""
     import torch
 
     import icmltools.cabs.methods  # noqa: F401  (registers cabs, bs, ca_magnitude)
     import icmltools.merge.methods  # noqa: F401
+    from icmltools.core.device import set_threads
     from icmltools.merge import engine as E
     from icmltools.taskvec import CheckpointWriter, open_checkpoint
 
-    torch.set_num_threads(1)
+    set_threads(threads)  # torch, BLAS and the engine's compiled loops (numba)
     base_p, model_ps = _paths(folder, fmt, n)
     rss0 = _vm("VmRSS")
     t0, c0 = time.perf_counter(), time.process_time()
@@ -162,9 +164,23 @@ def child(mode: str, folder: Path, fmt: str, n: int) -> dict:
             "peak_rss_total_gb": round(peak / 1e9, 3)}
 
 
-def _run_child(args: list[str]) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, env=env)
+def fresh_memory_rate(gb: float = 0.5) -> float:
+    """GB/s at which this machine hands out memory never touched before (context: on a VM whose host backs
+    guest memory lazily this is far below the memory bandwidth and varies from run to run; every merge's
+    fresh buffers and page-cache pages pay it, a plain read of cached files does not)."""
+    import numpy as np
+
+    t0 = time.perf_counter()
+    a = np.ones(int(gb * 1e9) // 8)
+    dt = time.perf_counter() - t0
+    del a
+    return round(gb / dt, 2)
+
+
+def _run_child(args: list[str], threads: int = 1) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    p = subprocess.run([sys.executable, __file__, "--child", *args, "--threads", str(threads)], capture_output=True,
+                       text=True, env=env)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
     return json.loads(p.stdout)
@@ -233,6 +249,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tmp", default=None, help="folder for the generated models (default: a temp dir)")
     ap.add_argument("--data", default=None, help="reuse models generated there with the same --gb/--n (kept)")
     ap.add_argument("--mergekit", default=None, metavar="PYTHON", help="python of a venv with mergekit 0.1.5")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                    help="threads of each merge (torch, BLAS, the compiled loops); the plain read is one thread")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "FOLDER", "FMT", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -240,11 +258,12 @@ def main(argv=None) -> None:
         if mode == "generate":
             print(json.dumps(generate(Path(folder), float(fmt), int(n))))
         else:
-            print(json.dumps(child(mode, Path(folder), fmt, int(n))))
+            print(json.dumps(child(mode, Path(folder), fmt, int(n), a.threads)))
         return
     folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
-    doc: dict = {"gb": a.gb, "n_models": a.n, "threads": 1, "targets": {"peak_rss_gb_below": RSS_TARGET_GB,
-                                                                         "ratio_to_read_at_least": RATIO_TARGET}}
+    doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
+                 "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},
+                 "fresh_memory_gb_per_s": fresh_memory_rate()}
     try:
         if not a.data:
             t0 = time.perf_counter()
@@ -262,12 +281,12 @@ def main(argv=None) -> None:
 def _measure_format(folder: Path, fmt: str, a) -> dict:
     _run_child(["read", str(folder), fmt, str(a.n)])  # warm the page cache: the floor is a read of cached files
     read = _run_child(["read", str(folder), fmt, str(a.n)])
-    rw = _run_child(["read_write", str(folder), fmt, str(a.n)])
+    rw = _run_child(["read_write", str(folder), fmt, str(a.n)])  # one thread, as the read
     rows = {"read": read, "read_write": rw}
     if "gb_per_s" in rw and "gb_per_s" in read:
         rw["ratio_to_read"] = round(rw["gb_per_s"] / read["gb_per_s"], 3)
     for m in a.methods.split(","):
-        r = _run_child([m, str(folder), fmt, str(a.n)])
+        r = _run_child([m, str(folder), fmt, str(a.n)], a.threads)
         if "gb_per_s" in r and "gb_per_s" in read:
             r["ratio_to_read"] = round(r["gb_per_s"] / read["gb_per_s"], 3)
             if "gb_per_s" in rw:  # context only: the target stays the ratio to the plain read

@@ -196,6 +196,12 @@ def test_set_threads_sizes_torch_and_child_processes(monkeypatch):
     try:
         assert set_threads(1) == 1
         assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+        from icmltools.merge import kernels
+
+        if kernels.available():  # loading the compiled loops starts numba's pool: torch's count must stay
+            import numba
+
+            assert numba.get_num_threads() == 1 and torch.get_num_threads() == 1
         with pytest.raises(BadInputError):
             set_threads(0)
     finally:

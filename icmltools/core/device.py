@@ -105,3 +105,6 @@ def numba_threads() -> None:
     numba, n = sys.modules.get("numba"), _requested["threads"]
     if numba is not None and n is not None:
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        torch = sys.modules.get("torch")  # starting numba's OpenMP pool resets the OpenMP count torch reads
+        if torch is not None and torch.get_num_threads() != n:
+            torch.set_num_threads(n)

@@ -510,6 +510,15 @@ def sign_consensus_finish(total, mn, mx, n):
 
 
 @_pjit
+def dare_zero(x, u, p):
+    """DARE's drop: x = 0 where the uniform u < p (float32 compare, as torch's lt with a Python float)."""
+    pf = np.float32(p)
+    zero = np.float32(0.0)
+    for j in prange(x.shape[0]):
+        if u[j] < pf:
+            x[j] = zero
+
+@_pjit
 def magmax_add(x, best, first):
     """MagMax: best = x where |x| > |best| (the first model wins ties)."""
     for j in prange(x.shape[0]):

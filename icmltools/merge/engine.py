@@ -307,15 +307,22 @@ def compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def dare_tensor(t, p: float, generator):
+def dare_tensor(t, p: float, generator, buf: Callable | None = None):
     """DARE drop-and-rescale (Yu et al. 2024, Eq. 1-2): keep each element with probability 1-p, scale the kept
-    ones by 1/(1-p)."""
+    ones by 1/(1-p). With `buf` (key, dtype -> a flat buffer of t's size) `t` itself is rescaled and zeroed, the
+    uniforms and the mask going to those buffers (the same numbers and values as the allocating form)."""
     import torch
 
     if p <= 0:
         return t
-    keep = torch.rand(t.shape, generator=generator, device=t.device) >= p
-    return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
+    if buf is None:
+        keep = torch.rand(t.shape, generator=generator, device=t.device) >= p
+        return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
+    u = torch.rand(t.shape, generator=generator, device=t.device, out=buf("dare_u", torch.float32).view(t.shape))
+    t.div_(1.0 - p)
+    if not K.dare_zero(t, u, p):
+        t.masked_fill_(torch.lt(u, p, out=buf("dare_drop", torch.bool).view(t.shape)), 0.0)
+    return t
 
 
 def dare_generator(seed: int, name: str, i: int, device):
@@ -455,7 +462,7 @@ class TensorState:
         g = self._gens.get(key)
         if g is None:
             g = self._gens[key] = dare_generator(self.plan.seed, self.name, i, self.device)
-        return dare_tensor(tau, p, g)
+        return dare_tensor(tau, p, g, lambda k, dt: self.buf(k, dt, tau.numel()))
 
     def mark(self, i: int, pruned) -> None:
         """Count model i's kept slots (the nonzeros of its pruned chunk) for the density and overlap figures."""

@@ -305,6 +305,16 @@ def magmax_add(x, best, first: bool) -> bool:
     return True
 
 
+def dare_zero(x, u, p: float) -> bool:
+    """x = 0 where u < p in place (float32 x and u); False when not run."""
+    import torch
+
+    if x.dtype != torch.float32 or u.dtype != torch.float32 or not _ok(x, u):
+        return False
+    _mod().dare_zero(_np(x).reshape(-1), _np(u).reshape(-1), float(p))
+    return True
+
+
 def threshold_prune(x, thr: float, taken) -> bool:
     """Keep |x| > thr where not `taken` (zero the rest in place), taken |= kept; False when not run."""
     import torch
