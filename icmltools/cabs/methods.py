@@ -183,7 +183,7 @@ class CAMagnitude(_Pruned):
     def scan(self, st, tau, i):
         thr = P.magnitude_threshold(tau, st.plan.densities[i], st.scan_taken)
         st.thr[i] = thr
-        if thr is not None:
+        if thr is not None and not K.mark_above(tau, float(thr), st.scan_taken):
             st.scan_taken |= (tau.abs() > thr).logical_and_(st.scan_taken.logical_not())
 
     def add(self, st, tau, i, k, p):

@@ -126,10 +126,13 @@ def nm_mask(tau, n: int, m: int, taken=None, tail: str = "pad", short: list | No
 
 def magnitude_threshold(tau, density: float, taken=None):
     """The official RoBERTa ``topk_values_mask`` threshold: with s = 1 - d, (the ascending-sorted |x|)[int(s *
-    numel)], x = tau zeroed where `taken` (None when nothing can be kept). On the CPU the order statistic is
-    found in place in one copy of |x| (numpy's partition); ``torch.kthvalue`` elsewhere (it holds int64 indices
-    too: 3x the memory of the copy)."""
+    numel)], x = tau zeroed where `taken` (None when nothing can be kept). On the CPU, in one copy of |x|: for
+    float32 the engine's radix select (that element is the (numel - idx)-th largest; two histogram passes),
+    else numpy's partition; ``torch.kthvalue`` elsewhere (it holds int64 indices too: 3x the memory of the
+    copy)."""
     import torch
+
+    from icmltools.merge import kernels as K
 
     a = tau.abs().reshape(-1)
     if taken is not None:
@@ -137,6 +140,9 @@ def magnitude_threshold(tau, density: float, taken=None):
     idx = int((1 - density) * a.numel())
     if idx >= a.numel():
         return None
+    sel = K.radix_select(a, a.numel() - idx) if a.device.type == "cpu" else None
+    if sel is not None:
+        return torch.tensor(sel[0], dtype=a.dtype)
     if a.device.type == "cpu" and a.dtype in (torch.float32, torch.float64):
         arr = a.numpy()
         arr.partition(idx)

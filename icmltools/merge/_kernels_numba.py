@@ -519,6 +519,14 @@ def dare_zero(x, u, p):
             x[j] = zero
 
 @_pjit
+def mark_above(x, thr, taken):
+    """taken |= |x| > thr (CA-magnitude's scan: the slots model i keeps, whatever was taken before)."""
+    t = np.float32(thr)
+    for j in prange(x.shape[0]):
+        if abs(x[j]) > t:
+            taken[j] = True
+
+@_pjit
 def magmax_add(x, best, first):
     """MagMax: best = x where |x| > |best| (the first model wins ties)."""
     for j in prange(x.shape[0]):

@@ -315,6 +315,16 @@ def dare_zero(x, u, p: float) -> bool:
     return True
 
 
+def mark_above(x, thr: float, taken) -> bool:
+    """taken |= |x| > thr in place (float32 x, bool taken); False when not run."""
+    import torch
+
+    if x.dtype != torch.float32 or taken.dtype != torch.bool or not _ok(x, taken):
+        return False
+    _mod().mark_above(_np(x).reshape(-1), float(thr), _np(taken).reshape(-1))
+    return True
+
+
 def threshold_prune(x, thr: float, taken) -> bool:
     """Keep |x| > thr where not `taken` (zero the rest in place), taken |= kept; False when not run."""
     import torch
