@@ -5,8 +5,9 @@
 
 The models are generated in a temporary folder (removed at the end): a Llama-like layout (embedding and head
 32000 x 2048, blocks of 4 x 2048^2 + 3 x 2048 x 5632, the number of blocks chosen for --gb) in bfloat16, single
-.safetensors files. Each measurement runs in a fresh process with one thread: a plain read of the same five files
-through the same reader (the floor), then `icml cabs-merge --method M --nm 4:32` for every method, writing the
+.safetensors files. Each measurement runs in a fresh process: a plain read of the same five files through the same
+reader (the floor, one thread), then `icml cabs-merge --method M --nm 4:32 --threads T` (--threads, default every
+core) for every method, writing the
 merged checkpoint. Reported per method: seconds, GB/s of checkpoint read (base + models, once), peak RSS of the
 child (ru_maxrss), and the ratios to the plain read and to task arithmetic measured in the same run. One JSON
 document on stdout.
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--nm", default="4:32")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="--threads of each merge")
     ap.add_argument("--generate", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.generate:
@@ -96,7 +98,7 @@ def main() -> None:
         read_s = float(out.strip().splitlines()[-1])
         rows = {"read": {"seconds": read_s, "gb_per_s": nbytes / 1e9 / read_s}}
         for m in args.methods.split(","):
-            wall, rss, out = child([sys.executable, "-m", "icmltools", "cabs-merge", "-q", "--threads", "1",
+            wall, rss, out = child([sys.executable, "-m", "icmltools", "cabs-merge", "-q", "--threads", str(args.threads),
                                     "--base", str(paths[0]), "--models", ",".join(map(str, paths[1:])),
                                     "--method", m, "--nm", args.nm, "--out", str(tmp / f"out_{m}")])
             res = json.loads(out)["result"]
@@ -113,7 +115,7 @@ def main() -> None:
                 r["meets_rss_target"] = r["peak_rss_gb"] < RSS_TARGET_GB
                 r["meets_seconds_target"] = r["seconds"] < SECONDS_TARGET
         print(json.dumps({"gb_per_model": args.gb, "n_models": args.n, "bytes_read": nbytes, "nm": args.nm,
-                          "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows,
+                          "cpu_count": os.cpu_count(), "threads": args.threads, "load_avg": os.getloadavg(), "rows": rows,
                           "targets": {"peak_rss_gb": RSS_TARGET_GB, "seconds": SECONDS_TARGET}}, indent=1))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
