@@ -467,11 +467,8 @@ def _all_methods():
     return sorted(E.REGISTRY)
 
 
-@needs_numba
-@pytest.mark.parametrize("name", _all_methods())
-@pytest.mark.parametrize("chunk", [None, 96, 1000])
-def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, chunk):
-    base, models = _tied_models()
+def _test_plan(name, chunk):
+    """A 3-model plan of method `name` with unequal weights and densities where it takes them."""
     m = E.get_method(name)
     kw = {"chunk_elems": chunk, "seed": 5}
     if m.weighted:
@@ -480,7 +477,15 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
         kw["densities"] = [0.3, 0.2, 0.45]
     if name == "task_vector":
         kw["options"] = {"index": 2}
-    plan = E.make_plan(name, 3, **kw)
+    return E.make_plan(name, 3, **kw)
+
+
+@needs_numba
+@pytest.mark.parametrize("name", _all_methods())
+@pytest.mark.parametrize("chunk", [None, 96, 1000])
+def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, chunk):
+    base, models = _tied_models()
+    plan = _test_plan(name, chunk)
     for lam, sign in ((1.0, 1), (1.7, 1), (0.6, -1)):
         fast = _merge_bytes(tmp_path, "fast", base, models, plan, lam, sign)
         with K.torch_only():
@@ -512,15 +517,7 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
             "bf": (torch.randn(1 << 20, generator=g) * 0.05).to(torch.bfloat16)}
     models = [{k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) for k, v in base.items()}
               for _ in range(3)]
-    m = E.get_method(name)
-    kw = {"chunk_elems": 1 << 21, "seed": 5}
-    if m.weighted:
-        kw["weights"] = [0.7, -1.3, 0.5]
-    if m.uses_density:
-        kw["densities"] = [0.3, 0.2, 0.45]
-    if name == "task_vector":
-        kw["options"] = {"index": 2}
-    plan = E.make_plan(name, 3, **kw)
+    plan = _test_plan(name, 1 << 21)
     with K.torch_only():
         slow = _merge_bytes(tmp_path, "slow", base, models, plan, 1.3)[0]
     old = numba.get_num_threads()

@@ -166,11 +166,9 @@ def apply_f32(bd, merged, lam, mode, out):
 @_pjit
 def hist_hi(x, counts):
     """counts[h] += #elements whose |x| has the high 16 bits h (|x| as its int bits: the order of |x|)."""
-    n = x.shape[0]
-    T = _n_pieces(n, 1)
-    part = np.zeros((T, counts.shape[0]), np.int64)
+    T, part = _parts(x.shape[0], counts.shape[0])
     for t in prange(T):
-        lo, hi = _piece(n, t, T, 1)
+        lo, hi = _piece(x.shape[0], t, T, 1)
         for j in range(lo, hi):
             part[t, (_f32_as_u32(x[j]) & _ABS) >> np.uint32(16)] += 1
     _add_parts(counts, part)
@@ -180,16 +178,21 @@ def hist_hi(x, counts):
 def hist_lo(x, bucket, counts):
     """counts[l] += #elements of high bits `bucket` whose low 16 bits are l."""
     b = np.uint32(bucket)
-    n = x.shape[0]
-    T = _n_pieces(n, 1)
-    part = np.zeros((T, counts.shape[0]), np.int64)
+    T, part = _parts(x.shape[0], counts.shape[0])
     for t in prange(T):
-        lo, hi = _piece(n, t, T, 1)
+        lo, hi = _piece(x.shape[0], t, T, 1)
         for j in range(lo, hi):
             u = _f32_as_u32(x[j]) & _ABS
             if (u >> np.uint32(16)) == b:
                 part[t, u & np.uint32(0xFFFF)] += 1
     _add_parts(counts, part)
+
+
+@_jit
+def _parts(n, width):
+    """(pieces, their zeroed histograms) for a histogram of `width` bins over n elements."""
+    T = _n_pieces(n, 1)
+    return T, np.zeros((T, width), np.int64)
 
 
 @_jit
@@ -553,12 +556,10 @@ def threshold_prune(x, thr, taken):
 def hist_hi_tau(raw, base, counts, is_bf16):
     """hist_hi of tau = raw - base computed on the fly (the task vector is never stored); returns the number of
     non-finite tau elements."""
-    n = raw.shape[0]
-    T = _n_pieces(n, 1)
-    part = np.zeros((T, counts.shape[0]), np.int64)
+    T, part = _parts(raw.shape[0], counts.shape[0])
     bads = np.zeros(T, np.int64)
     for t in prange(T):
-        lo, hi = _piece(n, t, T, 1)
+        lo, hi = _piece(raw.shape[0], t, T, 1)
         bad = 0
         for j in range(lo, hi):
             u = _f32_as_u32(_tau_at(raw, base, j, is_bf16))
@@ -573,11 +574,9 @@ def hist_hi_tau(raw, base, counts, is_bf16):
 def hist_lo_tau(raw, base, bucket, counts, is_bf16):
     """hist_lo of tau = raw - base computed on the fly."""
     b = np.uint32(bucket)
-    n = raw.shape[0]
-    T = _n_pieces(n, 1)
-    part = np.zeros((T, counts.shape[0]), np.int64)
+    T, part = _parts(raw.shape[0], counts.shape[0])
     for t in prange(T):
-        lo, hi = _piece(n, t, T, 1)
+        lo, hi = _piece(raw.shape[0], t, T, 1)
         for j in range(lo, hi):
             u = _f32_as_u32(_tau_at(raw, base, j, is_bf16)) & _ABS
             if (u >> np.uint32(16)) == b:
