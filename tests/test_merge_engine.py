@@ -314,6 +314,40 @@ def test_failure_mid_merge_leaves_nothing(tmp_path):
         assert not out.exists() or list(out.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("fmt", ["safetensors", "hf_safetensors"])
+def test_interrupt_mid_file_merge_stops_the_writer_and_leaves_nothing(tmp_path, monkeypatch, fmt):
+    """Ctrl-C while chunks are in the writer thread (O_DIRECT output, bf16 inputs read through mapped views): the
+    KeyboardInterrupt comes out, the thread is gone and no output or temporary file is left."""
+    import threading
+
+    from icmltools.taskvec import writers
+
+    monkeypatch.setattr(writers, "DIRECT_MIN_BYTES", 0)
+    g = torch.Generator().manual_seed(2)
+    base = {f"t{i}": (torch.randn(3000, generator=g) * 0.05).to(torch.bfloat16) for i in range(6)}
+    models = [{k: v + 0.01 for k, v in base.items()} for _ in range(2)]
+    paths = []
+    for tag, sd in [("base", base), ("m1", models[0]), ("m2", models[1])]:
+        write_state_dict(sd, tmp_path / "in" / f"{tag}.safetensors")
+        paths.append(tmp_path / "in" / f"{tag}.safetensors")
+    calls = []
+
+    def progress(what, done, total):
+        calls.append(done)
+        if done == 3:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "out" / ("merged.safetensors" if fmt == "safetensors" else "merged")
+    with pytest.raises(KeyboardInterrupt):
+        E.merge_to_checkpoint(open_checkpoint(paths[0]), [open_checkpoint(p) for p in paths[1:]],
+                              E.make_plan("task_arithmetic", 2, chunk_elems=512), 1.0, out, fmt=fmt,
+                              progress=progress)
+    assert calls == [1, 2, 3]
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("icml-write")]
+
+
 # --------------------------------------------------------------------------------------------- memory
 
 
