@@ -215,6 +215,10 @@ class _SafetensorsFile:
         arr = np.frombuffer(self._map, dtype=np.uint8, count=where[1], offset=where[0])
         return torch.from_numpy(arr).view(self.specs[name].dtype)
 
+    def unmap(self) -> None:
+        """Forget the file's map (unmapped once no view of it is left)."""
+        self._map = None
+
     def release_range(self, name: str, start: int, stop: int) -> None:
         import mmap
 
@@ -263,7 +267,7 @@ class SafetensorsReader(CheckpointReader):
         self._file.release_range(name, start, stop)
 
     def close(self):
-        self._file._map = None  # unmapped once no view is left
+        self._file.unmap()
         super().close()
 
 
@@ -407,6 +411,9 @@ class ShardedReader(CheckpointReader):
             f.release_range(name, start, stop)
 
     def close(self):
+        for f in self._files.values():
+            if isinstance(f, _SafetensorsFile):
+                f.unmap()
         self._files = {}
         super().close()
 

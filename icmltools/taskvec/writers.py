@@ -409,10 +409,10 @@ class WriteBehind:
         self._raise()
         return i
 
-    def _write(self, name, tensor) -> None:
+    def _run(self, fn, *args) -> None:
         if self._error is None:  # after a failure the rest is dropped; the first error is the one raised
             try:
-                self.writer.write(name, tensor)
+                fn(*args)
             except BaseException as e:
                 self._error = e
 
@@ -420,25 +420,19 @@ class WriteBehind:
         if self._error is not None:
             raise self._error
 
-    def write(self, name, tensor, slot: int | None = None) -> None:
+    def _submit(self, slot: int | None, fn, *args) -> None:
         self._raise()
-        self._last = self._pool.submit(self._write, name, tensor)
+        self._last = self._pool.submit(self._run, fn, *args)
         if slot is not None:
             self._slots[slot] = self._last
+
+    def write(self, name, tensor, slot: int | None = None) -> None:
+        """:meth:`CheckpointWriter.write` in the writer thread."""
+        self._submit(slot, self.writer.write, name, tensor)
 
     def write_range(self, name, start: int, stop: int, part, slot: int | None = None) -> None:
         """:meth:`CheckpointWriter.write_range` in the writer thread (`part` unchanged until its slot is free)."""
-        self._raise()
-        self._last = self._pool.submit(self._write_range, name, start, stop, part)
-        if slot is not None:
-            self._slots[slot] = self._last
-
-    def _write_range(self, name, start, stop, part) -> None:
-        if self._error is None:
-            try:
-                self.writer.write_range(name, start, stop, part)
-            except BaseException as e:
-                self._error = e
+        self._submit(slot, self.writer.write_range, name, start, stop, part)
 
     def __exit__(self, exc_type, exc, tb):
         try:
