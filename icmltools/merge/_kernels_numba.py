@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 
 @intrinsic
@@ -582,3 +582,179 @@ def hist_lo_tau(raw, base, bucket, counts, is_bf16):
             if (u >> np.uint32(16)) == b:
                 part[t, u & np.uint32(0xFFFF)] += 1
     _add_parts(counts, part)
+
+
+# --------------------------------------------------------------------------------------------- one pass over all models
+# The models' chunks come as one tuple, so each loop is compiled for the model count and the dtype it is given
+# (cached per signature): the loop over the models unrolls and the element loop vectorises (runtime dtype
+# flags and a model index read at run time made it 2x slower, measured on bf16 inputs).
+
+
+def as_f32(x, j):
+    """Element j of x as float32 (bf16 bits as uint16, or float32), chosen when compiled."""
+
+
+@overload(as_f32)
+def _as_f32_impl(x, j):
+    if x.dtype == types.uint16:
+        return lambda x, j: _u32_as_f32(np.uint32(x[j]) << np.uint32(16))
+    return lambda x, j: np.float32(x[j])
+
+
+def put(out, j, r):
+    """out[j] = r (float32 out) or its bf16 rounding (bf16 bits as uint16); 1 when the stored value is not
+    finite, else 0."""
+
+
+@overload(put)
+def _put_impl(out, j, r):
+    if out.dtype == types.uint16:
+        def bf16(out, j, r):
+            o = _round_bf16(r)
+            out[j] = o
+            return (o & np.uint16(0x7F80)) == np.uint16(0x7F80)
+        return bf16
+
+    def f32(out, j, r):
+        out[j] = r
+        return (_f32_as_u32(r) & _EXP) == _EXP
+    return f32
+
+
+@_jit
+def _bad(x):
+    return (_f32_as_u32(x) & _EXP) == _EXP
+
+
+@_jit
+def _sum_at(base, raws, ws, j, weighted):
+    """(sum_k (float32(raws[k][j]) - base[j]) * w_k in model order (the * w_k only when `weighted`; x * 1 == x),
+    number of non-finite task-vector elements)."""
+    b = as_f32(base, j)
+    s = as_f32(raws[0], j) - b
+    c = _bad(s)
+    if weighted:
+        s = s * np.float32(ws[0])
+    for k in range(1, len(raws)):
+        x = as_f32(raws[k], j) - b
+        c += _bad(x)
+        if weighted:
+            x = x * np.float32(ws[k])
+        s = s + x
+    return s, c
+
+
+@_pjit
+def sum_raw(base, raws, ws, total, div):
+    """Task arithmetic over every model's chunk at once (each input read once, tau never stored): total = sum_k
+    tau_k * w_k, tau_k = float32(raws[k]) - base, in model order as tau_accumulate model after model; then
+    total / div where div > 0 (the uniform mean). Returns (non-finite task-vector elements and totals, nonzeros
+    of total)."""
+    weighted = False
+    for k in range(len(raws)):
+        weighted |= ws[k] != 1.0
+    bad = 0
+    nz = 0
+    if div > 0:
+        df = np.float32(div)
+        for j in prange(base.shape[0]):
+            s, c = _sum_at(base, raws, ws, j, False)
+            v = s / df
+            total[j] = v
+            bad += c + _bad(v)
+            nz += v != 0
+    elif weighted:
+        for j in prange(base.shape[0]):
+            s, c = _sum_at(base, raws, ws, j, True)
+            total[j] = s
+            bad += c + _bad(s)
+            nz += s != 0
+    else:
+        for j in prange(base.shape[0]):
+            s, c = _sum_at(base, raws, ws, j, False)
+            total[j] = s
+            bad += c + _bad(s)
+            nz += s != 0
+    return bad, nz
+
+
+@_jit
+def _consensus_at(base, raws, j):
+    """(sum, min, max of tau_k = raws[k][j] - base[j] in model order (as tau_sign_stats), non-finite count)."""
+    b = as_f32(base, j)
+    s = as_f32(raws[0], j) - b
+    lo = s
+    hi = s
+    c = _bad(s)
+    for k in range(1, len(raws)):
+        x = as_f32(raws[k], j) - b
+        c += _bad(x)
+        s = s + x
+        lo = x if (x < lo or x != x) else lo
+        hi = x if (x > hi or x != x) else hi
+    return s, lo, hi, c
+
+
+@_pjit
+def consensus_raw(base, raws, total):
+    """NegMerge over every model's chunk at once: the sum, min and max of tau_k = raws[k] - base in model order
+    (as tau_sign_stats) and the sign-consensual mean (as sign_consensus_finish) into total. Returns (non-finite
+    task-vector elements and sums, kept count)."""
+    nf = np.float32(len(raws))
+    zero = np.float32(0.0)
+    bad = 0
+    kept = 0
+    for j in prange(base.shape[0]):
+        s, lo, hi, c = _consensus_at(base, raws, j)
+        keep = (lo > 0) | (hi < 0)
+        v = s / nf
+        total[j] = v if keep else zero
+        bad += c + _bad(s)
+        kept += keep
+    return bad, kept
+
+
+@_jit
+def _magmax_at(base, raws, j):
+    """(the tau_k = raws[k][j] - base[j] of largest magnitude, the first winning ties, non-finite count)."""
+    b = as_f32(base, j)
+    m = as_f32(raws[0], j) - b
+    c = _bad(m)
+    for k in range(1, len(raws)):
+        x = as_f32(raws[k], j) - b
+        c += _bad(x)
+        if abs(x) > abs(m):
+            m = x
+    return m, c
+
+
+@_pjit
+def magmax_raw(base, raws, best):
+    """MagMax over every model's chunk at once (as magmax_add model after model: the first model wins ties).
+    Returns (non-finite task-vector elements, nonzeros of best)."""
+    bad = 0
+    nz = 0
+    for j in prange(base.shape[0]):
+        m, c = _magmax_at(base, raws, j)
+        best[j] = m
+        bad += c
+        nz += m != 0
+    return bad, nz
+
+
+@_pjit
+def apply_raw(base, merged, lam, mode, out):
+    """apply_bf16 / apply_f32 with the base chunk as read (bf16 bits or float32) instead of its float32 copy, into
+    out (bf16 bits or float32). Returns the number of non-finite outputs."""
+    bad = 0
+    lf = np.float32(lam)
+    if mode == 0:
+        for j in prange(base.shape[0]):
+            bad += put(out, j, as_f32(base, j) + merged[j])
+    elif mode == 1:
+        for j in prange(base.shape[0]):
+            bad += put(out, j, as_f32(base, j) + merged[j] * lf)
+    else:
+        for j in prange(base.shape[0]):
+            bad += put(out, j, as_f32(base, j) - merged[j] * lf)
+    return bad

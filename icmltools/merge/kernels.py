@@ -333,3 +333,65 @@ def threshold_prune(x, thr: float, taken) -> bool:
         return False
     _mod().threshold_prune(_np(x).reshape(-1), float(thr), _np(taken).reshape(-1))
     return True
+
+
+# --------------------------------------------------------------------------------------------- one pass over all models
+
+MAX_ONE_PASS = 8  # models merged in one pass (each count is compiled once; more models go one at a time)
+
+
+def _one_pass(base, raws, *bufs):
+    """(numpy base, tuple of numpy raw chunks) when the one-pass loops can run on these tensors, else None."""
+    import torch
+
+    if not 1 <= len(raws) <= MAX_ONE_PASS or base.dtype not in (torch.bfloat16, torch.float32) \
+            or any(r.dtype != base.dtype for r in raws) or any(b.dtype != torch.float32 for b in bufs) \
+            or not _ok(base, *raws, *bufs):
+        return None
+    return _np(base).reshape(-1), tuple(_np(r).reshape(-1) for r in raws)
+
+
+def sum_raw(base, raws, weights, total, div: int = 0):
+    """total = sum_k (float32(raws[k]) - base) * weights[k] in one pass over every model's chunk (then / div when
+    div > 0), bitwise as tau_accumulate model after model; (non-finite task-vector elements and totals,
+    nonzeros of total) or None when not run."""
+    import numpy as np
+
+    got = _one_pass(base, raws, total)
+    if got is None:
+        return None
+    bad, nz = _mod().sum_raw(got[0], got[1], np.asarray(weights, np.float64), _np(total).reshape(-1), int(div))
+    return int(bad), int(nz)
+
+
+def consensus_raw(base, raws, total):
+    """NegMerge's sign-consensual mean in one pass over every model's chunk (bitwise as sign_stats model after
+    model, then sign_consensus_finish); (non-finite task-vector elements and sums, kept count) or None."""
+    got = _one_pass(base, raws, total)
+    if got is None:
+        return None
+    bad, kept = _mod().consensus_raw(got[0], got[1], _np(total).reshape(-1))
+    return int(bad), int(kept)
+
+
+def magmax_raw(base, raws, best):
+    """MagMax in one pass over every model's chunk (as magmax_add model after model); (non-finite task-vector
+    elements, nonzeros of best) or None."""
+    got = _one_pass(base, raws, best)
+    if got is None:
+        return None
+    bad, nz = _mod().magmax_raw(got[0], got[1], _np(best).reshape(-1))
+    return int(bad), int(nz)
+
+
+def apply_raw(base, merged, lam: float, sign: int, out):
+    """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; the number
+    of non-finite outputs, or None when not run."""
+    import torch
+
+    if base.dtype not in (torch.bfloat16, torch.float32) or merged.dtype != torch.float32 \
+            or out.dtype not in (torch.bfloat16, torch.float32) or not _ok(base, merged, out):
+        return None
+    mode = 0 if (sign > 0 and lam == 1.0) else (1 if sign > 0 else 2)
+    return int(_mod().apply_raw(_np(base).reshape(-1), _np(merged).reshape(-1), float(lam), mode,
+                                _np(out).reshape(-1)))
