@@ -528,10 +528,11 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
         fast[1].pop("seconds"), slow[1].pop("seconds"), fast[1].pop("read_gb_per_s"), slow[1].pop("read_gb_per_s")
         assert (fast[1].pop("kernels"), slow[1].pop("kernels")) == ("numba", "torch")  # the JSON says which ran
         assert fast[1] == slow[1]
-    assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32")
-    loops = {"task_arithmetic": "tau_accumulate", "ties": "agree", "magnitude": "topk_prune",
+    one_pass = E.get_method(name).one_pass
+    assert counted.calls.get("apply_raw" if one_pass else "apply_bf16") and (one_pass or counted.calls.get("apply_f32"))
+    loops = {"task_arithmetic": "sum_raw", "ties": "agree", "magnitude": "topk_prune",
              "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "accumulate",
-             "ca_magnitude": "threshold_prune", "negmerge": "tau_sign_stats", "magmax": "magmax_add", "uniform": "tau_accumulate"}
+             "ca_magnitude": "threshold_prune", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
     if name in ("magnitude", "ties", "breadcrumbs") and chunk is not None:  # scanned without storing tau
@@ -561,6 +562,36 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
             assert _merge_bytes(tmp_path, "fast", base, models, plan, 1.3)[0] == slow, (name, threads)
     finally:
         numba.set_num_threads(old)
+
+
+ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax")
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ONE_PASS)
+@pytest.mark.parametrize("n", [1, 2, 8, 9])
+def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, name, n):
+    """The one-pass loops (every model's chunk at once) give the bytes and figures of the model-by-model loops
+    (their `merge_raw` switched off) and of the torch path; more than 8 models go model by model."""
+    if n < E.get_method(name).min_models:
+        pytest.skip("needs 2 models")
+    base, models = _tied_models(n, seed=n)
+    kw = {"weights": [0.7, -1.3, 1.0, 0.5, 1.0, 2.0, 1.0, -0.25, 3.0][:n]} if name == "task_arithmetic" else {}
+    for chunk in (None, 96):
+        plan = E.make_plan(name, n, chunk_elems=chunk, **kw)
+        for lam, sign in ((1.0, 1), (0.6, -1)):
+            fast = _merge_bytes(tmp_path, "fast", base, models, plan, lam, sign)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(type(plan.method), "one_pass", False)
+                by_model = _merge_bytes(tmp_path, "by_model", base, models, plan, lam, sign)
+            with K.torch_only():
+                slow = _merge_bytes(tmp_path, "slow", base, models, plan, lam, sign)
+            assert fast[0] == by_model[0] == slow[0], (name, n, chunk, lam)
+            for d in (fast[1], by_model[1], slow[1]):
+                d.pop("seconds"), d.pop("read_gb_per_s"), d.pop("kernels")
+            assert fast[1] == by_model[1] == slow[1]
+    loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw"}
+    assert bool(counted.calls.get(loop[name])) == (n <= K.MAX_ONE_PASS), counted.calls
 
 
 @needs_numba
@@ -610,7 +641,7 @@ def test_compiled_loops_still_name_non_finite_tensors(tmp_path):
     models[1]["b"][700] = float("inf")  # float32 tensor, in the second chunk of 512
     models[2]["a"].view(-1)[40] = float("nan")  # bf16
     bs, ms = MemoryReader(base, name="base"), [MemoryReader(m, name=f"model{i}") for i, m in enumerate(models)]
-    for name in ("task_arithmetic", "ties", "cabs", "magnitude"):
+    for name in ("task_arithmetic", "ties", "cabs", "magnitude") + ONE_PASS:
         with pytest.raises(BadInputError, match=r"model[12]: tensor '[ab]' holds 1 NaN/inf"):
             E.merge_to_checkpoint(bs, ms, E.make_plan(name, 3, chunk_elems=512), 1.0, tmp_path / "o.safetensors")
     assert list(tmp_path.iterdir()) == []

@@ -86,7 +86,9 @@ class MergeMethod(abc.ABC):
       running sum of every task vector fed: one finiteness check per chunk stands for all inputs);
       ``min_models``; ``uses_density``; ``tracks`` (per-model kept counts and the overlap matrix, via
       ``st.mark``); ``draws_dare`` (the method draws DARE masks itself: the generic ``dare_p`` is refused);
-      ``weighted`` (False: per-model weights other than 1 are refused).
+      ``weighted`` (False: per-model weights other than 1 are refused); ``one_pass`` (:meth:`merge_raw` merges
+      a chunk of every model at once; the engine falls back to feeding one model at a time where it returns
+      None or finds a non-finite value, so the fallback finds and names it).
 
     Models are always fed in the order given (index ``i``; ``k`` counts the models fed so far in this pass). A
     method keeps per-tensor state on ``st`` (set in :meth:`begin`, which runs once per tensor before any chunk).
@@ -109,6 +111,7 @@ class MergeMethod(abc.ABC):
     tracks = False
     draws_dare = False
     weighted = True
+    one_pass = False
 
     def __init__(self, name: str | None = None, **options):
         """An instance may rename the method (a command's own name for it) and change option defaults."""
@@ -149,6 +152,13 @@ class MergeMethod(abc.ABC):
         """Optional: model i's chunk as read (`raw`, the checkpoint's dtype) and the base chunk in the compute
         dtype, for a method that fuses tau = raw - base with its own work (a compiled loop). Returns the
         number of non-finite task-vector elements, or None when not handled (then :meth:`add` gets tau)."""
+        return None
+
+    def merge_raw(self, st: "TensorState", raws, base, wanted: Sequence[int]):
+        """With ``one_pass``: every wanted model's chunk as read (`raws`, in the order fed) and the base chunk as
+        read, merged in one compiled loop that reads each input once and computes exactly what feeding the
+        models one at a time and :meth:`finish` compute. Returns (non-finite task-vector elements and running
+        sums, merged chunk, kept count), or None when not run (then the models are fed one at a time)."""
         return None
 
     @abc.abstractmethod
@@ -706,12 +716,12 @@ def _chunks(numel: int, plan: Plan):
         yield a, min(numel, a + size)
 
 
-def _read(run: _Run, reader, name, spec, a: int, b: int, key: str, full: bool):
+def _read(run: _Run, reader, name, spec, a: int, b: int, key: str, full: bool, read_only: bool = False):
     """Elements [a, b) of tensor `name` of `reader`, flattened, in the tensor's dtype: a view of the mapped file
-    where the reader offers one and the bytes are only read (a dtype other than the compute dtype: the task
-    vector goes to another buffer), else read into a pooled CPU buffer. A view's pages leave the process's
-    resident memory when the next read of the same `key` comes."""
-    if run.device == "cpu" and spec.dtype != compute_dtype(spec.dtype):
+    where the reader offers one and the bytes are only read (`read_only`, or a dtype other than the compute
+    dtype: the task vector goes to another buffer), else read into a pooled CPU buffer. A view's pages leave
+    the process's resident memory when the next read of the same `key` comes."""
+    if run.device == "cpu" and (read_only or spec.dtype != compute_dtype(spec.dtype)):
         v = reader.view_range(name, a, b)
         if v is not None:
             _viewed(run, key, reader, name, a, b, spec.dtype.itemsize)
@@ -832,6 +842,18 @@ def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, wh
             m.add(st, tau, i, k, p)
 
 
+def _one_pass(run: _Run, st: TensorState, spec, a: int, b: int, raw_b, wanted, whole: bool):
+    """(merged chunk, kept count) of the method's one-pass loop over every wanted model's chunk [a, b), or None:
+    not run, or a non-finite task vector or sum (then the model-by-model path computes the chunk again and
+    names the input at fault or records it, as it always does)."""
+    raws = [_read(run, run.models[i], spec.name, spec, a, b, f"raw_cand{k}", whole, read_only=True)
+            for k, i in enumerate(wanted)]  # views: no buffer per model (a reader without views: one chunk each)
+    got = run.plan.method.merge_raw(st, raws, raw_b, wanted)
+    if got is None or got[0]:
+        return None
+    return got[1], got[2]
+
+
 def _finite(t) -> bool:
     bad = K.count_non_finite(t)
     return all_finite(t) if bad is None else bad == 0
@@ -851,6 +873,7 @@ def _tensor_chunks(run: _Run, spec):
     spans = list(_chunks(spec.numel, plan))
     whole = len(spans) == 1
     fused = m.scans and whole
+    one_pass = m.one_pass and wanted and plan.dare_p == 0 and run.device == "cpu"
     with torch.no_grad():  # never across a yield: grad mode is thread state the caller would inherit
         m.begin(st)
         if m.scans and not fused:
@@ -861,11 +884,15 @@ def _tensor_chunks(run: _Run, spec):
             for key, dt in m.buffers:
                 setattr(st, key, st.buf(key, None if dt is None else getattr(torch, dt)))
             raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
-            bd = _to_compute(run, raw_b, "base_c", cd)
-            _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None, fused)
-            if witness is not None and wanted and not _finite(getattr(st, witness)):
-                diag.run(run, name, wanted)  # inputs finite: a task vector overflowed; the output check decides
-            merged, c = m.finish(st)
+            got = _one_pass(run, st, spec, a, b, raw_b, wanted, whole) if one_pass else None
+            if got is not None:
+                bd, (merged, c) = None, got  # the output is computed from raw_b (_write_tensor)
+            else:
+                bd = _to_compute(run, raw_b, "base_c", cd)
+                _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None, fused)
+                if witness is not None and wanted and not _finite(getattr(st, witness)):
+                    diag.run(run, name, wanted)  # inputs finite: a task vector overflowed; the output check decides
+                merged, c = m.finish(st)
             kept += c
             st._chunk_overlap()
         yield a, b, raw_b, bd, merged
@@ -876,8 +903,9 @@ def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan
                 device: str = "cpu", stats: MergeStats | None = None, progress: Callable | None = None,
                 allow_non_finite: bool = False):
     """Yield (name, spec, chunks) tensor by tensor; `chunks` is None for tensors copied from the base (integer,
-    bool, or filtered out), else an iterator of (start, stop, raw base chunk, base chunk in the compute dtype,
-    merged task-vector chunk or None): consume it before the next tensor (the buffers are reused)."""
+    bool, or filtered out), else an iterator of (start, stop, raw base chunk, base chunk in the compute dtype or
+    None (a chunk merged in one pass: convert the raw one where needed), merged task-vector chunk or None):
+    consume it before the next tensor (the buffers are reused)."""
     stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
     run = _Run(base, models, plan, device, stats, allow_non_finite)
     t0, k0 = time.perf_counter(), K.runs()
@@ -925,7 +953,11 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
         if merged is None or (skip_zero and lam == 0):
             o.copy_(raw_b)
         else:
-            bad = K.apply(bd, merged, lam, sign, o) if bd.device.type == "cpu" else None
+            if bd is None:  # a one-pass chunk: the base as read
+                bad = K.apply_raw(raw_b, merged, lam, sign, o)
+                bd = raw_b.to(merged.dtype) if bad is None else bd
+            else:
+                bad = K.apply(bd, merged, lam, sign, o) if bd.device.type == "cpu" else None
             if bad is None:
                 o.copy_(_apply_chunk(bd, merged, lam, sign, pool))
             if bad != 0:

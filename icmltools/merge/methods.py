@@ -129,9 +129,14 @@ class TaskArithmetic(Weighted):
     name = "task_arithmetic"
     witness = "total"
     tracks = False
+    one_pass = True
 
     def add_raw(self, st, raw, base, i, k, p):
         return K.tau_accumulate(raw, base, st.total, st.plan.weights[i], k == 0)
+
+    def merge_raw(self, st, raws, base, wanted):
+        got = K.sum_raw(base, raws, [st.plan.weights[i] for i in wanted], st.total)
+        return None if got is None else (got[0], st.total, got[1])
 
 
 class _Magnitude(Weighted):
@@ -271,9 +276,14 @@ class NegMerge(MergeMethod):
     buffers = (("total", None), ("mn", None), ("mx", None), ("tb", "bool"))
     witness = "total"
     min_models = 2
+    one_pass = True
 
     def add_raw(self, st, raw, base, i, k, p):
         return K.sign_stats(raw, base, st.total, st.mn, st.mx, k == 0)
+
+    def merge_raw(self, st, raws, base, wanted):
+        got = K.consensus_raw(base, raws, st.total)
+        return None if got is None else (got[0], st.total, got[1])
 
     def add(self, st, tau, i, k, p):
         import torch
@@ -308,12 +318,17 @@ class Uniform(MergeMethod):
     buffers = (("total", None),)
     witness = "total"
     min_models = 2
+    one_pass = True
 
     def add(self, st, tau, i, k, p):
         _sum_into(st.total, tau, k)
 
     def add_raw(self, st, raw, base, i, k, p):
         return K.tau_accumulate(raw, base, st.total, 1.0, k == 0)
+
+    def merge_raw(self, st, raws, base, wanted):
+        got = K.sum_raw(base, raws, [1.0] * len(raws), st.total, div=st.n)
+        return None if got is None else (got[0], st.total, got[1])
 
     def finish(self, st):
         st.total.div_(st.n)
@@ -355,6 +370,11 @@ class MagMax(MergeMethod):
     reference = "Marczak et al., MagMax, ECCV 2024"
     buffers = (("best", None),)
     min_models = 2
+    one_pass = True
+
+    def merge_raw(self, st, raws, base, wanted):
+        got = K.magmax_raw(base, raws, st.best)
+        return None if got is None else (got[0], st.best, got[1])
 
     def add(self, st, tau, i, k, p):
         import torch

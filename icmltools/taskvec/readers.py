@@ -434,6 +434,13 @@ class MemoryReader(CheckpointReader):
     def get(self, name):
         return self._sd[name]
 
+    def view_range(self, name, start, stop):
+        """The held tensor's elements [start, stop) themselves (no copy) when it is a contiguous CPU tensor."""
+        t = self._sd[name]
+        if t.device.type != "cpu" or not t.is_contiguous():
+            return None
+        return t.reshape(-1)[start:stop]
+
 
 # --------------------------------------------------------------------------------------------- opening, checks
 
