@@ -169,8 +169,9 @@ def hist_hi(x, counts):
     T, part = _parts(x.shape[0], counts.shape[0])
     for t in prange(T):
         lo, hi = _piece(x.shape[0], t, T, 1)
-        for j in range(lo, hi):
-            part[t, (_f32_as_u32(x[j]) & _ABS) >> np.uint32(16)] += 1
+        xs = x[lo:hi]
+        for j in range(xs.shape[0]):
+            part[t, (_f32_as_u32(xs[j]) & _ABS) >> np.uint32(16)] += 1
     _add_parts(counts, part)
 
 
@@ -181,8 +182,9 @@ def hist_lo(x, bucket, counts):
     T, part = _parts(x.shape[0], counts.shape[0])
     for t in prange(T):
         lo, hi = _piece(x.shape[0], t, T, 1)
-        for j in range(lo, hi):
-            u = _f32_as_u32(x[j]) & _ABS
+        xs = x[lo:hi]
+        for j in range(xs.shape[0]):
+            u = _f32_as_u32(xs[j]) & _ABS
             if (u >> np.uint32(16)) == b:
                 part[t, u & np.uint32(0xFFFF)] += 1
     _add_parts(counts, part)
@@ -223,47 +225,63 @@ def topk_prune(x, mode, thr, all_ties, left):
     if T > 1 and not all_ties:
         for p in prange(T):
             lo, hi = _piece(n, p, T, 4096)
-            c = 0
-            for j in range(lo, hi):
-                c += abs(x[j]) == t
-            before[p + 1] = c
+            before[p + 1] = _count_ties(x[lo:hi], t)
         for p in range(T):
             before[p + 1] += before[p]
     seen = np.zeros(T, np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
-        seen[p] = _topk_span(x, lo, hi, t, all_ties, left, before[p])
+        seen[p] = _topk_span(x[lo:hi], t, all_ties, left, before[p])
     return seen.sum()
 
 
+# The element loops below take their range as a slice of the array (x[lo:hi], looped from 0): numba vectorises
+# those, not a loop over range(lo, hi) of the whole array (8x slower, measured on 2^20 float32).
+
+
 @_jit
-def _topk_span(x, lo, hi, t, all_ties, left, seen0):
-    """topk_prune over [lo, hi) with `seen0` ties before it, in blocks of 4096: a block whose ties are all kept
-    or all dropped runs a branch-free select (vectorised); only the block where the ties' quota runs out is
-    walked one element at a time. Returns the ties in [lo, hi)."""
+def _count_ties(xs, t):
+    """#|xs| == t."""
+    c = 0
+    for j in range(xs.shape[0]):
+        c += abs(xs[j]) == t
+    return c
+
+
+@_jit
+def _keep_above(xs, t, ties):
+    """Zero xs where not |xs| > t (or == t when `ties`), branch-free."""
+    zero = np.float32(0.0)
+    for j in range(xs.shape[0]):
+        v = xs[j]
+        a = abs(v)
+        xs[j] = v if (a > t) | (ties & (a == t)) else zero
+
+
+@_jit
+def _topk_span(xs, t, all_ties, left, seen0):
+    """topk_prune over the piece xs with `seen0` ties before it, in blocks of 4096: a block whose ties are all
+    kept or all dropped runs a branch-free select (vectorised); only the block where the ties' quota runs out is
+    walked one element at a time. Returns the ties in xs."""
     zero = np.float32(0.0)
     seen = seen0
-    for s in range(lo, hi, 4096):
-        e = min(s + 4096, hi)
-        c = 0
-        for j in range(s, e):
-            c += abs(x[j]) == t
+    n = xs.shape[0]
+    for s in range(0, n, 4096):
+        blk = xs[s:min(s + 4096, n)]
+        c = _count_ties(blk, t)
         if all_ties or seen + c <= left or seen >= left:
-            ties = all_ties or seen + c <= left
-            for j in range(s, e):
-                a = abs(x[j])
-                x[j] = x[j] if (a > t) | (ties & (a == t)) else zero
+            _keep_above(blk, t, all_ties or seen + c <= left)
         else:
             q = seen
-            for j in range(s, e):
-                a = abs(x[j])
+            for j in range(blk.shape[0]):
+                a = abs(blk[j])
                 if a > t:
                     continue
                 if a == t:
                     q += 1
                     if q <= left:
                         continue
-                x[j] = zero
+                blk[j] = zero
         seen += c
     return seen - seen0
 
@@ -395,8 +413,9 @@ def pair_counts(bits, n):
     part = np.zeros((T, 256), np.int64)
     for t in prange(T):
         lo, hi = _piece(size, t, T, 1)
-        for j in range(lo, hi):
-            part[t, bits[j]] += 1
+        bs = bits[lo:hi]
+        for j in range(bs.shape[0]):
+            part[t, bs[j]] += 1
     h = np.zeros(256, np.int64)
     _add_parts(h, part)
     out = np.zeros((n, n), np.int64)
@@ -436,22 +455,21 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
 @_jit
 def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
     """nm_prune over the blocks in [lo, hi) (lo a multiple of m); returns its short blocks."""
-    size = hi
     short = 0
     keys = np.empty(m, np.int64)
     zero = np.float32(0.0)
     none = np.int64(-2)
     for s in range(lo, hi, m):
-        e = min(s + m, size)
+        e = min(s + m, hi)
+        blk, tk = x[s:e], taken[s:e]  # slices: the loops over them vectorise
         L = e - s
         if L < m and not pad_tail:
-            for j in range(s, e):
-                x[j] = zero
+            blk[:] = zero
             continue
         k = min(n, L)
         for j in range(L):
-            b = np.int64(_f32_as_u32(abs(x[s + j]))) * m + (m - 1 - j)
-            keys[j] = np.int64(-1) if (use_taken and taken[s + j]) else b
+            b = np.int64(_f32_as_u32(abs(blk[j]))) * m + (m - 1 - j)
+            keys[j] = np.int64(-1) if (use_taken and tk[j]) else b
         prev = np.int64(9223372036854775807)
         for _ in range(k):
             mx = none
@@ -467,9 +485,9 @@ def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
             kept += keep
             if keep:
                 if use_taken:
-                    taken[s + j] = True
+                    tk[j] = True
             else:
-                x[s + j] = zero
+                blk[j] = zero
         if kept < k:
             short += 1
     return short
@@ -560,9 +578,10 @@ def hist_hi_tau(raw, base, counts, is_bf16):
     bads = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
+        rs, bs = raw[lo:hi], base[lo:hi]
         bad = 0
-        for j in range(lo, hi):
-            u = _f32_as_u32(_tau_at(raw, base, j, is_bf16))
+        for j in range(rs.shape[0]):
+            u = _f32_as_u32(_tau_at(rs, bs, j, is_bf16))
             bad += (u & _EXP) == _EXP
             part[t, (u & _ABS) >> np.uint32(16)] += 1
         bads[t] = bad
@@ -577,8 +596,9 @@ def hist_lo_tau(raw, base, bucket, counts, is_bf16):
     T, part = _parts(raw.shape[0], counts.shape[0])
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
-        for j in range(lo, hi):
-            u = _f32_as_u32(_tau_at(raw, base, j, is_bf16)) & _ABS
+        rs, bs = raw[lo:hi], base[lo:hi]
+        for j in range(rs.shape[0]):
+            u = _f32_as_u32(_tau_at(rs, bs, j, is_bf16)) & _ABS
             if (u >> np.uint32(16)) == b:
                 part[t, u & np.uint32(0xFFFF)] += 1
     _add_parts(counts, part)
