@@ -301,20 +301,73 @@ def _topk_keeps(a, mode, thr, keep_all, left, seen):
     return False, seen
 
 
-@_jit
+@_pjit
 def band_prune(x, mode_k, thr_k, all_k, left_k, mode_t, thr_t, all_t, left_t):
     """Breadcrumbs: keep where TopK k keeps and TopK t (the top gamma) does not; zero the rest. Returns the
-    |x| == thr counts of both (each TopK's tie counter advances over the whole chunk)."""
+    |x| == thr counts of both (each TopK's tie counter advances over the whole chunk).
+
+    In pieces and blocks as :func:`topk_prune`, both TopKs' ties counted before each piece and block."""
+    n = x.shape[0]
     tk, tt = np.float32(thr_k), np.float32(thr_t)
-    sk = 0
-    st = 0
-    for j in range(x.shape[0]):
-        a = abs(x[j])
-        ink, sk = _topk_keeps(a, mode_k, tk, all_k, left_k, sk)
-        intop, st = _topk_keeps(a, mode_t, tt, all_t, left_t, st)
-        if not ink or intop:
-            x[j] = 0.0
-    return sk, st
+    T = _n_pieces(n, 4096)
+    bk = np.zeros(T + 1, np.int64)
+    bt = np.zeros(T + 1, np.int64)
+    if T > 1:
+        for p in prange(T):
+            lo, hi = _piece(n, p, T, 4096)
+            bk[p + 1] = _count_ties(x[lo:hi], tk) if mode_k == 2 else 0
+            bt[p + 1] = _count_ties(x[lo:hi], tt) if mode_t == 2 else 0
+        for p in range(T):
+            bk[p + 1] += bk[p]
+            bt[p + 1] += bt[p]
+    sk = np.zeros(T, np.int64)
+    st = np.zeros(T, np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, 4096)
+        got = _band_span(x[lo:hi], mode_k, tk, all_k, left_k, bk[p], mode_t, tt, all_t, left_t, bt[p])
+        sk[p] = got[0]
+        st[p] = got[1]
+    return sk.sum(), st.sum()
+
+
+@_jit
+def _band_span(xs, mode_k, tk, all_k, left_k, sk0, mode_t, tt, all_t, left_t, st0):
+    """band_prune over the piece xs, `sk0`/`st0` ties of each TopK before it, in blocks of 4096: a block where
+    neither TopK's tie quota runs out runs :func:`_band_keep` (vectorised); the others are walked element by
+    element. Returns the ties of each TopK in xs."""
+    seen_k, seen_t = sk0, st0
+    n = xs.shape[0]
+    for s in range(0, n, 4096):
+        blk = xs[s:min(s + 4096, n)]
+        ck = _count_ties(blk, tk) if mode_k == 2 else 0
+        ct = _count_ties(blk, tt) if mode_t == 2 else 0
+        ties_k = all_k or seen_k + ck <= left_k
+        ties_t = all_t or seen_t + ct <= left_t
+        if (ties_k or seen_k >= left_k) and (ties_t or seen_t >= left_t):
+            _band_keep(blk, mode_k, tk, ties_k, mode_t, tt, ties_t)
+        else:
+            qk, qt = seen_k, seen_t
+            for j in range(blk.shape[0]):
+                a = abs(blk[j])
+                ink, qk = _topk_keeps(a, mode_k, tk, all_k, left_k, qk)
+                intop, qt = _topk_keeps(a, mode_t, tt, all_t, left_t, qt)
+                if not ink or intop:
+                    blk[j] = 0.0
+        seen_k += ck
+        seen_t += ct
+    return seen_k - sk0, seen_t - st0
+
+
+@_jit
+def _band_keep(blk, mode_k, tk, ties_k, mode_t, tt, ties_t):
+    """Zero blk where TopK k drops or TopK t keeps, each with its ties all kept (`ties_*`) or all dropped."""
+    zero = np.float32(0.0)
+    for j in range(blk.shape[0]):
+        v = blk[j]
+        a = abs(v)
+        ink = (mode_k == 1) | ((mode_k == 2) & ((a > tk) | (ties_k & (a == tk))))
+        intop = (mode_t == 1) | ((mode_t == 2) & ((a > tt) | (ties_t & (a == tt))))
+        blk[j] = v if ink > intop else zero  # ink and not intop, branch-free
 
 
 # --------------------------------------------------------------------------------------------- sums
