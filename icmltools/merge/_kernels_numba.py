@@ -624,9 +624,9 @@ def threshold_prune(x, thr, taken):
 
 
 @_pjit
-def hist_hi_tau(raw, base, counts, is_bf16):
-    """hist_hi of tau = raw - base computed on the fly (the task vector is never stored); returns the number of
-    non-finite tau elements."""
+def hist_hi_tau(raw, base, counts):
+    """hist_hi of tau = raw - base computed on the fly (the task vector is never stored; raw and base each bf16
+    bits or float32, compiled per pair); returns the number of non-finite tau elements."""
     T, part = _parts(raw.shape[0], counts.shape[0])
     bads = np.zeros(T, np.int64)
     for t in prange(T):
@@ -634,7 +634,7 @@ def hist_hi_tau(raw, base, counts, is_bf16):
         rs, bs = raw[lo:hi], base[lo:hi]
         bad = 0
         for j in range(rs.shape[0]):
-            u = _f32_as_u32(_tau_at(rs, bs, j, is_bf16))
+            u = _f32_as_u32(as_f32(rs, j) - as_f32(bs, j))
             bad += (u & _EXP) == _EXP
             part[t, (u & _ABS) >> np.uint32(16)] += 1
         bads[t] = bad
@@ -643,7 +643,7 @@ def hist_hi_tau(raw, base, counts, is_bf16):
 
 
 @_pjit
-def hist_lo_tau(raw, base, bucket, counts, is_bf16):
+def hist_lo_tau(raw, base, bucket, counts):
     """hist_lo of tau = raw - base computed on the fly."""
     b = np.uint32(bucket)
     T, part = _parts(raw.shape[0], counts.shape[0])
@@ -651,7 +651,7 @@ def hist_lo_tau(raw, base, bucket, counts, is_bf16):
         lo, hi = _piece(raw.shape[0], t, T, 1)
         rs, bs = raw[lo:hi], base[lo:hi]
         for j in range(rs.shape[0]):
-            u = _f32_as_u32(_tau_at(rs, bs, j, is_bf16)) & _ABS
+            u = _f32_as_u32(as_f32(rs, j) - as_f32(bs, j)) & _ABS
             if (u >> np.uint32(16)) == b:
                 part[t, u & np.uint32(0xFFFF)] += 1
     _add_parts(counts, part)

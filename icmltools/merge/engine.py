@@ -143,8 +143,8 @@ class MergeMethod(abc.ABC):
         return None
 
     def scan_raw(self, st: "TensorState", raw, base, i: int):
-        """Optional, as :meth:`add_raw` for :meth:`scan`: model i's whole tensor as read and the base in the
-        compute dtype (a compiled loop need not store tau). Returns the non-finite count of tau, or None when not
+        """Optional, as :meth:`add_raw` for :meth:`scan`: model i's whole tensor and the base's, both as read
+        (a compiled loop need not store tau nor widen the base). Returns the non-finite count of tau, or None when not
         handled (then :meth:`scan` gets tau)."""
         return None
 
@@ -804,11 +804,12 @@ def _overflow(run: _Run, name: str, i: int, cd) -> RuntimeFailure:
 def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
     """Feed each wanted model's whole task vector (after DARE) to the method's scan, one model at a time."""
     cd = st.dtype
-    b = _to_compute(run, _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), "base_c", cd)
+    raw_b, b = _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), None
     for i in wanted:
         raw = _read(run, run.models[i], spec.name, spec, 0, spec.numel, "raw_cand", True)
-        if run.plan.dare_p == 0 and run.device == "cpu" and run.plan.method.scan_raw(st, raw, b, i) == 0:
+        if run.plan.dare_p == 0 and run.device == "cpu" and run.plan.method.scan_raw(st, raw, raw_b, i) == 0:
             continue  # scanned by a compiled loop (a non-finite tau goes the torch way: checked, named)
+        b = _to_compute(run, raw_b, "base_c", cd) if b is None else b
         tau, finite = _task_vector(run, raw, b, cd, True)
         if not finite:
             diag.task_vector(run, spec.name, wanted, i, cd)

@@ -143,18 +143,18 @@ def radix_select(a, k: int):
 
 
 def radix_select_tau(raw, base, ks):
-    """radix_select of tau = raw - base (raw bf16 or float32, base float32) for each k of `ks`, without storing
+    """radix_select of tau = raw - base (raw and base bf16 or float32) for each k of `ks`, without storing
     tau: one pass for the high histogram, one per distinct bucket for the low ones. (list of (threshold, above,
     equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite tau elements), or None."""
     import numpy as np
     import torch
 
-    if base.dtype != torch.float32 or not _ok(raw, base) or raw.dtype not in (torch.bfloat16, torch.float32):
+    if not _ok(raw, base) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32}:
         return None
-    r, b, bf = _np(raw).reshape(-1), _np(base).reshape(-1), raw.dtype == torch.bfloat16
+    r, b = _np(raw).reshape(-1), _np(base).reshape(-1)
     km = _mod()
     hi = np.zeros(1 << 15, np.int64)
-    bad = int(km.hist_hi_tau(r, b, hi, bf))
+    bad = int(km.hist_hi_tau(r, b, hi))
     if bad:
         return [], bad
     los: dict = {}
@@ -162,7 +162,7 @@ def radix_select_tau(raw, base, ks):
     def lo_of(bucket, lo):
         if bucket not in los:
             los[bucket] = np.zeros(1 << 16, np.int64)
-            km.hist_lo_tau(r, b, bucket, los[bucket], bf)
+            km.hist_lo_tau(r, b, bucket, los[bucket])
         lo += los[bucket]
 
     n = r.shape[0]
