@@ -631,13 +631,7 @@ def hist_hi_tau(raw, base, counts):
     bads = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
-        rs, bs = raw[lo:hi], base[lo:hi]
-        bad = 0
-        for j in range(rs.shape[0]):
-            u = _f32_as_u32(as_f32(rs, j) - as_f32(bs, j))
-            bad += (u & _EXP) == _EXP
-            part[t, (u & _ABS) >> np.uint32(16)] += 1
-        bads[t] = bad
+        bads[t] = _hist_hi_span(raw[lo:hi], base[lo:hi], part[t])
     _add_parts(counts, part)
     return bads.sum()
 
@@ -645,16 +639,66 @@ def hist_hi_tau(raw, base, counts):
 @_pjit
 def hist_lo_tau(raw, base, bucket, counts):
     """hist_lo of tau = raw - base computed on the fly."""
-    b = np.uint32(bucket)
     T, part = _parts(raw.shape[0], counts.shape[0])
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
-        rs, bs = raw[lo:hi], base[lo:hi]
-        for j in range(rs.shape[0]):
-            u = _f32_as_u32(as_f32(rs, j) - as_f32(bs, j)) & _ABS
-            if (u >> np.uint32(16)) == b:
-                part[t, u & np.uint32(0xFFFF)] += 1
+        _hist_lo_span(raw[lo:hi], base[lo:hi], np.uint32(bucket), part[t])
     _add_parts(counts, part)
+
+
+# The histograms of tau go block by block: tau's bits for 2048 elements first (a vectorised loop), then the
+# counting over that small buffer (measured on a 4M bf16 task vector, one thread: 1.2-1.5 -> 0.6 ns per element
+# for the high histogram, 1.0-1.6 -> 0.35-0.65 for the low one).
+_BLOCK = 2048
+
+
+@_jit
+def _tau_bits(rs, bs, ub):
+    """ub = the float32 bits of tau = rs - bs."""
+    for k in range(rs.shape[0]):
+        ub[k] = _f32_as_u32(as_f32(rs, k) - as_f32(bs, k))
+
+
+@_jit
+def _hist_hi_span(rs, bs, h):
+    """h[high 16 bits of |tau|] += 1 over one piece; its non-finite tau count."""
+    ub = np.empty(_BLOCK, np.uint32)
+    bad = 0
+    n = rs.shape[0]
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        u = ub[:e - s]
+        _tau_bits(rs[s:e], bs[s:e], u)
+        for k in range(u.shape[0]):
+            bad += (u[k] & _EXP) == _EXP
+        for k in range(u.shape[0]):
+            h[(u[k] & _ABS) >> np.uint32(16)] += 1
+    return bad
+
+
+@_jit
+def _hist_lo_span(rs, bs, b, h):
+    """h[low 16 bits of |tau|] += 1 for the |tau| of high bits b in one piece: a block without one is skipped
+    after a vectorised count; the others gather theirs first (branch-free), then count them."""
+    ub = np.empty(_BLOCK, np.uint32)
+    hit = np.empty(_BLOCK, np.uint32)
+    n = rs.shape[0]
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        u = ub[:e - s]
+        _tau_bits(rs[s:e], bs[s:e], u)
+        c = 0
+        for k in range(u.shape[0]):
+            c += ((u[k] & _ABS) >> np.uint32(16)) == b
+        if c == 0:
+            continue
+        m = 0
+        for k in range(u.shape[0]):
+            v = u[k] & _ABS
+            hit[m] = v
+            m += (v >> np.uint32(16)) == b
+        for k in range(m):
+            h[hit[k] & np.uint32(0xFFFF)] += 1
 
 
 # --------------------------------------------------------------------------------------------- one pass over all models
