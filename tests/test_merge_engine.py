@@ -636,6 +636,24 @@ def test_radix_select_and_chunked_topk_loops_equal_the_torch_path():
 
 
 @needs_numba
+@pytest.mark.parametrize("seed", [0, 1, 2 ** 32 + 5, 2 ** 63 - 1])
+def test_compiled_dare_stream_draws_torch_rand_numbers(seed):
+    """DARE's compiled MT19937 stream: torch.rand's float32 numbers for the same seed, across chunk sizes that
+    cross the 624-word state refills, and its drop is `u < p` for p at the float32 edges."""
+    g = torch.Generator().manual_seed(seed)
+    mt = K.mt_stream(seed)
+    for n in (1, 623, 624, 625, 5000, 70001):
+        assert torch.equal(mt.uniforms(torch.empty(n)), torch.rand(n, generator=g)), n
+    for p in (1e-9, 2.0 ** -24, 0.1, 0.5, 1 - 2.0 ** -24, 0.99999999):
+        g, mt = torch.Generator().manual_seed(seed), K.mt_stream(seed)
+        x = torch.randn(3001, generator=torch.Generator().manual_seed(1))
+        want = x.masked_fill(torch.rand(3001, generator=g) < p, 0)
+        got = x.clone()
+        assert K.dare_zero_mt(got[:1000], mt, p) and K.dare_zero_mt(got[1000:], mt, p)
+        assert torch.equal(got, want), p
+
+
+@needs_numba
 def test_compiled_loops_still_name_non_finite_tensors(tmp_path):
     base, models = _tied_models()
     models[1]["b"][700] = float("inf")  # float32 tensor, in the second chunk of 512

@@ -328,8 +328,14 @@ def dare_tensor(t, p: float, generator, buf: Callable | None = None):
     if buf is None:
         keep = torch.rand(t.shape, generator=generator, device=t.device) >= p
         return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
-    u = torch.rand(t.shape, generator=generator, device=t.device, out=buf("dare_u", torch.float32).view(t.shape))
-    t.div_(1.0 - p)
+    if isinstance(generator, K.MTStream):  # torch.rand's numbers, drawn by a compiled loop (CPU)
+        t.div_(1.0 - p)
+        if K.dare_zero_mt(t, generator, p):
+            return t
+        u = generator.uniforms(buf("dare_u", torch.float32).view(t.shape))
+    else:
+        u = torch.rand(t.shape, generator=generator, device=t.device, out=buf("dare_u", torch.float32).view(t.shape))
+        t.div_(1.0 - p)
     if not K.dare_zero(t, u, p):
         t.masked_fill_(torch.lt(u, p, out=buf("dare_drop", torch.bool).view(t.shape)), 0.0)
     return t
@@ -470,8 +476,9 @@ class TensorState:
         `stream` separates passes that draw the same numbers again."""
         key = (stream, i)
         g = self._gens.get(key)
-        if g is None:
-            g = self._gens[key] = dare_generator(self.plan.seed, self.name, i, self.device)
+        if g is None:  # torch's CPU generator, run by the compiled loops where they run (the same numbers)
+            mt = K.mt_stream(derive(self.plan.seed, "dare", self.name, i).int(63)) if self.device == "cpu" else None
+            g = self._gens[key] = mt or dare_generator(self.plan.seed, self.name, i, self.device)
         return dare_tensor(tau, p, g, lambda k, dt: self.buf(k, dt, tau.numel()))
 
     def mark(self, i: int, pruned) -> None:

@@ -315,6 +315,45 @@ def dare_zero(x, u, p: float) -> bool:
     return True
 
 
+class MTStream:
+    """The numbers of ``torch.Generator().manual_seed(seed)`` for ``torch.rand`` (float32) on the CPU, drawn by
+    the compiled loops (MT19937 state and position, carried from chunk to chunk)."""
+
+    def __init__(self, seed: int):
+        import numpy as np
+
+        self.mt = np.empty(624, np.uint32)
+        self.pos = np.array([624], np.int64)  # torch twists before its first number
+        _mod().mt_seed(int(seed) & 0xFFFFFFFF, self.mt)
+
+    def uniforms(self, out):
+        """Fill the float32 CPU tensor `out` (contiguous) with the next uniforms; returns it."""
+        _mod().mt_uniforms(_np(out).reshape(-1), self.mt, self.pos)
+        return out
+
+
+def mt_stream(seed: int):
+    """An :class:`MTStream` when the compiled loops run, else None (the caller makes a torch generator)."""
+    if not _state["enabled"] or _mod() is None:
+        return None
+    return MTStream(seed)
+
+
+def dare_zero_mt(x, stream: MTStream, p: float) -> bool:
+    """x = 0 in place where the stream's next uniform (one per element) is below p, as ``u < p`` in float32 on
+    torch.rand's numbers; False when not run (x not float32 CPU contiguous: draw with :meth:`MTStream.uniforms`)."""
+    import math
+
+    import numpy as np
+    import torch
+
+    if x.dtype != torch.float32 or not _ok(x):
+        return False
+    thr = min(1 << 24, math.ceil(float(np.float32(p)) * (1 << 24)))  # exact: float32(p) * 2^24 is a double
+    _mod().dare_zero_mt(_np(x).reshape(-1), stream.mt, stream.pos, thr)
+    return True
+
+
 def mark_above(x, thr: float, taken) -> bool:
     """taken |= |x| > thr in place (float32 x, bool taken); False when not run."""
     import torch
