@@ -3,6 +3,15 @@ import signal
 
 import pytest
 
+# The docs quote figures of small trainings (fope-train, guidedquant, cabs-merge's demo, ...). torch's CPU math
+# picks its code paths by CPU (MKL's GEMM kernels, ATen's vector width, oneDNN's ISA), which moves those figures'
+# last digits from one x86 CPU to another (seen: the docs' figures of 2026-12-01 differ in the third digit on an
+# AMD EPYC the next day). The suite pins the paths meant to give the same bits on every x86-64 CPU (MKL's
+# conditional numerical reproducibility, COMPATIBLE branch; AVX2 for ATen and oneDNN), set before torch loads
+# them; the docs' figures are printed under the same pins (docs/README "Reproducible figures").
+for _k, _v in (("MKL_CBWR", "COMPATIBLE"), ("ATEN_CPU_CAPABILITY", "avx2"), ("ONEDNN_MAX_CPU_ISA", "AVX2")):
+    os.environ.setdefault(_k, _v)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _ctrl_c_reaches_python():
