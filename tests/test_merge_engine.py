@@ -535,8 +535,10 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
              "ca_magnitude": "threshold_prune", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
-    if name in ("magnitude", "ties", "breadcrumbs") and chunk is not None:  # scanned without storing tau
+    if name in ("magnitude", "ties", "breadcrumbs", "ca_magnitude") and chunk is not None:  # scanned without tau
         assert counted.calls.get("hist_hi_tau") and counted.calls.get("hist_lo_tau"), counted.calls
+    if name == "ca_magnitude" and chunk is not None:  # the taken slots marked from the tensors as read
+        assert counted.calls.get("mark_above_tau"), counted.calls
 
 
 

@@ -186,6 +186,22 @@ class CAMagnitude(_Pruned):
         if thr is not None and not K.mark_above(tau, float(thr), st.scan_taken):
             st.scan_taken |= (tau.abs() > thr).logical_and_(st.scan_taken.logical_not())
 
+    def scan_raw(self, st, raw, base, i):
+        """:meth:`scan` by compiled loops on the tensors as read: the histograms of |tau| (0 where taken) give the
+        threshold of :func:`prune.magnitude_threshold`, then taken |= |tau| > it; no whole-tensor tau or |x|."""
+        import torch
+
+        idx = int((1 - st.plan.densities[i]) * st.numel)
+        if idx <= 0:  # the smallest |x| (or nothing to keep): the torch path's select
+            return None
+        got = K.radix_select_tau(raw, base, [st.numel - idx] if idx < st.numel else [], st.scan_taken)
+        if got is None or got[1]:
+            return None if got is None else got[1]
+        st.thr[i] = torch.tensor(got[0][0][0], dtype=torch.float32) if idx < st.numel else None
+        if st.thr[i] is not None and not K.mark_above_tau(raw, base, float(st.thr[i]), st.scan_taken):
+            return None  # cannot happen after radix_select_tau ran (same checks); the torch path would redo it
+        return 0
+
     def add(self, st, tau, i, k, p):
         import torch
 

@@ -728,32 +728,68 @@ def threshold_prune(x, thr, taken):
 
 
 @_pjit
-def hist_hi_tau(raw, base, counts):
+def hist_hi_tau(raw, base, counts, taken):
     """hist_hi of tau = raw - base computed on the fly (the task vector is never stored; raw and base each bf16
-    bits or float32, compiled per pair); returns the number of non-finite tau elements."""
+    bits or float32, compiled per pair), tau read as 0 where `taken` (a bool array, or None: nothing taken);
+    returns the number of non-finite tau elements (taken ones included)."""
     T, part = _parts(raw.shape[0], counts.shape[0])
     bads = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
-        bads[t] = _hist_hi_span(raw[lo:hi], base[lo:hi], part[t])
+        bads[t] = _hist_hi_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[t])
     _add_parts(counts, part)
     return bads.sum()
 
 
 @_pjit
-def hist_lo_tau(raw, base, bucket, counts):
-    """hist_lo of tau = raw - base computed on the fly."""
+def hist_lo_tau(raw, base, bucket, counts, taken):
+    """hist_lo of tau = raw - base computed on the fly (0 where `taken`, as hist_hi_tau)."""
     T, part = _parts(raw.shape[0], counts.shape[0])
     for t in prange(T):
         lo, hi = _piece(raw.shape[0], t, T, 1)
-        _hist_lo_span(raw[lo:hi], base[lo:hi], np.uint32(bucket), part[t])
+        _hist_lo_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), np.uint32(bucket), part[t])
     _add_parts(counts, part)
 
 
+@_pjit
+def mark_above_tau(raw, base, thr, taken):
+    """taken |= |tau| > thr with tau = raw - base computed on the fly (CA-magnitude's scan)."""
+    t = np.float32(thr)
+    for j in prange(raw.shape[0]):
+        if abs(as_f32(raw, j) - as_f32(base, j)) > t:
+            taken[j] = True
+
+
 # The histograms of tau go block by block: tau's bits for 2048 elements first (a vectorised loop), then the
-# counting over that small buffer (measured on a 4M bf16 task vector, one thread: 1.2-1.5 -> 0.6 ns per element
+# counting over that small buffer (measured on a 4M bf16 task vector, one thread: 1.2-1.5 -> 0.65 ns per element
 # for the high histogram, 1.0-1.6 -> 0.35-0.65 for the low one).
 _BLOCK = 2048
+
+
+def _part_of(taken, lo, hi):
+    """taken[lo:hi], or None when taken is None (chosen when compiled)."""
+
+
+@overload(_part_of)
+def _part_of_impl(taken, lo, hi):
+    if isinstance(taken, types.NoneType):
+        return lambda taken, lo, hi: None
+    return lambda taken, lo, hi: taken[lo:hi]
+
+
+def _drop_taken(u, tk):
+    """u = 0 where tk (no-op for None), chosen when compiled."""
+
+
+@overload(_drop_taken)
+def _drop_taken_impl(u, tk):
+    if isinstance(tk, types.NoneType):
+        return lambda u, tk: None
+
+    def impl(u, tk):
+        for k in range(u.shape[0]):
+            u[k] = np.uint32(0) if tk[k] else u[k]
+    return impl
 
 
 @_jit
@@ -764,8 +800,8 @@ def _tau_bits(rs, bs, ub):
 
 
 @_jit
-def _hist_hi_span(rs, bs, h):
-    """h[high 16 bits of |tau|] += 1 over one piece; its non-finite tau count."""
+def _hist_hi_span(rs, bs, tk, h):
+    """h[high 16 bits of |tau|] += 1 over one piece (0 where tk); its non-finite tau count."""
     ub = np.empty(_BLOCK, np.uint32)
     bad = 0
     n = rs.shape[0]
@@ -775,15 +811,16 @@ def _hist_hi_span(rs, bs, h):
         _tau_bits(rs[s:e], bs[s:e], u)
         for k in range(u.shape[0]):
             bad += (u[k] & _EXP) == _EXP
+        _drop_taken(u, _part_of(tk, s, e))
         for k in range(u.shape[0]):
             h[(u[k] & _ABS) >> np.uint32(16)] += 1
     return bad
 
 
 @_jit
-def _hist_lo_span(rs, bs, b, h):
-    """h[low 16 bits of |tau|] += 1 for the |tau| of high bits b in one piece: a block without one is skipped
-    after a vectorised count; the others gather theirs first (branch-free), then count them."""
+def _hist_lo_span(rs, bs, tk, b, h):
+    """h[low 16 bits of |tau|] += 1 for the |tau| of high bits b in one piece (0 where tk): a block without one is
+    skipped after a vectorised count; the others gather theirs first (branch-free), then count them."""
     ub = np.empty(_BLOCK, np.uint32)
     hit = np.empty(_BLOCK, np.uint32)
     n = rs.shape[0]
@@ -791,6 +828,7 @@ def _hist_lo_span(rs, bs, b, h):
         e = min(n, s + _BLOCK)
         u = ub[:e - s]
         _tau_bits(rs[s:e], bs[s:e], u)
+        _drop_taken(u, _part_of(tk, s, e))
         c = 0
         for k in range(u.shape[0]):
             c += ((u[k] & _ABS) >> np.uint32(16)) == b

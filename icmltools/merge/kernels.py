@@ -142,19 +142,23 @@ def radix_select(a, k: int):
     return select_from_histograms(hi, k, lambda bucket, lo: km.hist_lo(x, bucket, lo))
 
 
-def radix_select_tau(raw, base, ks):
-    """radix_select of tau = raw - base (raw and base bf16 or float32) for each k of `ks`, without storing
-    tau: one pass for the high histogram, one per distinct bucket for the low ones. (list of (threshold, above,
-    equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite tau elements), or None."""
+def radix_select_tau(raw, base, ks, taken=None):
+    """radix_select of tau = raw - base (raw and base bf16 or float32; tau read as 0 where the bool `taken`) for
+    each k of `ks`, without storing tau: one pass for the high histogram, one per distinct bucket for the low ones.
+    (list of (threshold, above, equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite
+    tau elements), or None."""
     import numpy as np
     import torch
 
-    if not _ok(raw, base) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32}:
+    both = (raw, base) if taken is None else (raw, base, taken)
+    if not _ok(*both) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32} or \
+            (taken is not None and taken.dtype != torch.bool):
         return None
     r, b = _np(raw).reshape(-1), _np(base).reshape(-1)
+    tk = None if taken is None else _np(taken).reshape(-1)
     km = _mod()
     hi = np.zeros(1 << 15, np.int64)
-    bad = int(km.hist_hi_tau(r, b, hi))
+    bad = int(km.hist_hi_tau(r, b, hi, tk))
     if bad:
         return [], bad
     los: dict = {}
@@ -162,11 +166,22 @@ def radix_select_tau(raw, base, ks):
     def lo_of(bucket, lo):
         if bucket not in los:
             los[bucket] = np.zeros(1 << 16, np.int64)
-            km.hist_lo_tau(r, b, bucket, los[bucket])
+            km.hist_lo_tau(r, b, bucket, los[bucket], tk)
         lo += los[bucket]
 
     n = r.shape[0]
     return [(select_from_histograms(hi, k, lo_of) if 0 < k < n else None) for k in ks], 0
+
+
+def mark_above_tau(raw, base, thr: float, taken) -> bool:
+    """taken |= |raw - base| > thr in place (raw and base bf16 or float32, bool taken); False when not run."""
+    import torch
+
+    if not _ok(raw, base, taken) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32} or \
+            taken.dtype != torch.bool:
+        return False
+    _mod().mark_above_tau(_np(raw).reshape(-1), _np(base).reshape(-1), float(thr), _np(taken).reshape(-1))
+    return True
 
 
 def select_from_histograms(hi, k: int, fill_lo):
