@@ -658,8 +658,22 @@ def _mt_out24(w):
 def dare_zero_mt(x, mt, pos, thr):
     """x = 0 where the next uniform of the stream (mt, pos[0]: words used of the current state) is below the
     threshold (as 24 bits, `thr`), one uniform per element in order."""
+    _mt_walk(x, mt, pos, thr, False)
+
+
+@_jit
+def mt_uniforms(out, mt, pos):
+    """out = the stream's next uniforms (float32, as torch.rand)."""
+    _mt_walk(out, mt, pos, 0, True)
+
+
+@_jit
+def _mt_walk(x, mt, pos, thr, fill):
+    """One number of the stream per element of x, in order: x = the uniform (`fill`), or x = 0 where its 24 bits
+    are below `thr`. The state is refilled every 624 numbers; pos[0] carries the position to the next call."""
     n = x.shape[0]
     zero = np.float32(0.0)
+    scale = np.float32(2.0 ** -24)
     t = np.uint32(thr)
     j = 0
     i = pos[0]
@@ -669,28 +683,12 @@ def dare_zero_mt(x, mt, pos, thr):
             i = 0
         k = min(_MT_N - i, n - j)
         xs, ws = x[j:j + k], mt[i:i + k]
-        for q in range(k):
-            xs[q] = zero if _mt_out24(ws[q]) < t else xs[q]
-        i += k
-        j += k
-    pos[0] = i
-
-
-@_jit
-def mt_uniforms(out, mt, pos):
-    """out = the stream's next uniforms (float32, as torch.rand)."""
-    n = out.shape[0]
-    scale = np.float32(2.0 ** -24)
-    j = 0
-    i = pos[0]
-    while j < n:
-        if i == _MT_N:
-            _mt_twist(mt)
-            i = 0
-        k = min(_MT_N - i, n - j)
-        os_, ws = out[j:j + k], mt[i:i + k]
-        for q in range(k):
-            os_[q] = np.float32(_mt_out24(ws[q])) * scale
+        if fill:
+            for q in range(k):
+                xs[q] = np.float32(_mt_out24(ws[q])) * scale
+        else:
+            for q in range(k):
+                xs[q] = zero if _mt_out24(ws[q]) < t else xs[q]
         i += k
         j += k
     pos[0] = i
