@@ -58,27 +58,72 @@ def debug_enabled() -> bool:
     return os.environ.get("ICML_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
 
 
+class _CtrlC:
+    """Whether Ctrl-C came while a command ran. A C library's callback can swallow the KeyboardInterrupt raised in
+    it (seen: llvmlite's object-cache callback during numba's first compile, whose failure then surfaces as a
+    RuntimeError): the command still ends as interrupted, and the swallowed interrupt prints no traceback."""
+
+    def __init__(self):
+        self.seen = False
+        self._sig = self._hook = None
+
+    def __enter__(self):
+        import signal
+        import threading
+
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._sig = signal.signal(signal.SIGINT, self._on_sigint)
+        self._hook, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
+        return self
+
+    def _on_sigint(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def _on_unraisable(self, u) -> None:
+        if not (self.seen and isinstance(u.exc_value, KeyboardInterrupt)):
+            self._hook(u)
+
+    def __exit__(self, *exc) -> bool:
+        import signal
+
+        sys.unraisablehook = self._hook
+        if self._sig is not None:
+            signal.signal(signal.SIGINT, self._sig)
+        return False
+
+
+def _interrupted(e: BaseException | None = None) -> click.ClickException:
+    err = click.ClickException(getattr(e, "note", None) or "interrupted (nothing was written)")
+    err.exit_code = 130
+    return err
+
+
 def run_guarded(fn: Callable[[], Any]) -> Any:
-    """The one place library errors become CLI errors: exit 2 bad input, 1 runtime, no traceback
-    unless ICML_DEBUG=1."""
+    """The one place library errors become CLI errors: exit 2 bad input, 1 runtime, 130 after Ctrl-C, no
+    traceback unless ICML_DEBUG=1."""
+    with _CtrlC() as ctrl_c:
+        return _guarded(fn, ctrl_c)
+
+
+def _guarded(fn: Callable[[], Any], ctrl_c: _CtrlC) -> Any:
     try:
         return fn()
     except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
         raise
     except KeyboardInterrupt as e:
-        err = click.ClickException(getattr(e, "note", None) or "interrupted (nothing was written)")
-        err.exit_code = 130
-        raise err from None
-    except IcmlError as e:
+        raise _interrupted(e) from None
+    except Exception as e:
+        if ctrl_c.seen:  # the interrupt was swallowed on its way up; this error is its consequence
+            raise _interrupted() from None
+        if isinstance(e, MemoryError):
+            raise click.ClickException("out of memory; try a smaller preset or input") from None
         if debug_enabled():
             traceback.print_exc(file=sys.stderr)
-        raise IcmlClickError(e) from None
-    except MemoryError:
-        raise click.ClickException("out of memory; try a smaller preset or input") from None
-    except Exception as e:  # unexpected: one line, traceback only on request
-        if debug_enabled():
-            traceback.print_exc(file=sys.stderr)
-        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, IcmlError):
+            raise IcmlClickError(e) from None
+        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__  # unexpected: one line
         raise click.ClickException(f"{msg} (set ICML_DEBUG=1 for a traceback)") from None
 
 

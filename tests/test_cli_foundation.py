@@ -142,6 +142,36 @@ def test_library_errors_become_one_line(monkeypatch):
         run_guarded(lambda: 1 / 0)
 
 
+def test_ctrl_c_swallowed_by_a_library_still_ends_as_interrupted(capsys):
+    """A C callback can swallow the KeyboardInterrupt of a Ctrl-C (llvmlite's, during numba's first compile, then
+    fails with a RuntimeError): the command still exits 130 as interrupted, and the swallowed interrupt's
+    'Exception ignored' report prints no traceback. Without a Ctrl-C the same error stays an error."""
+    import signal
+
+    import click
+
+    from icmltools.commands.common import run_guarded
+
+    def library_call():
+        try:
+            signal.raise_signal(signal.SIGINT)  # the handler raises KeyboardInterrupt here ...
+        except KeyboardInterrupt as e:  # ... which the callback's caller cannot pass on
+            sys.unraisablehook(type("U", (), {"exc_type": KeyboardInterrupt, "exc_value": e,
+                                              "exc_traceback": e.__traceback__, "err_msg": None,
+                                              "object": None})())
+        raise RuntimeError("no compiled object yet")
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(library_call)
+    assert ei.value.exit_code == 130 and "interrupted" in ei.value.format_message()
+    assert "Traceback" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(lambda: (_ for _ in ()).throw(RuntimeError("no compiled object yet")))
+    assert ei.value.exit_code == 1
+
+
 def test_broken_pipe_exits_quietly():
     code = "from icmltools.commands.cli import main; main(['env'])"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
