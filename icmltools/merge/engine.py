@@ -344,7 +344,14 @@ def dare_tensor(t, p: float, generator, buf: Callable | None = None):
 def dare_generator(seed: int, name: str, i: int, device):
     """The DARE mask stream of model i's tensor `name`: ``derive(seed, "dare", name, i)``. Its uniforms are
     drawn in flattened order, chunk after chunk, so a chunked merge draws the numbers of an unchunked one."""
-    return derive(seed, "dare", name, i).torch(str(device))
+    import torch
+
+    return torch.Generator(device=str(device)).manual_seed(_dare_seed(seed, name, i))
+
+
+def _dare_seed(seed: int, name: str, i: int) -> int:
+    """The seed of model i's DARE stream for tensor `name` (a torch generator's, or the compiled MT19937's)."""
+    return derive(seed, "dare", name, i).int(63)
 
 
 class TopK:
@@ -477,7 +484,7 @@ class TensorState:
         key = (stream, i)
         g = self._gens.get(key)
         if g is None:  # torch's CPU generator, run by the compiled loops where they run (the same numbers)
-            mt = K.mt_stream(derive(self.plan.seed, "dare", self.name, i).int(63)) if self.device == "cpu" else None
+            mt = K.mt_stream(_dare_seed(self.plan.seed, self.name, i)) if self.device == "cpu" else None
             g = self._gens[key] = mt or dare_generator(self.plan.seed, self.name, i, self.device)
         return dare_tensor(tau, p, g, lambda k, dt: self.buf(k, dt, tau.numel()))
 

@@ -142,17 +142,23 @@ def radix_select(a, k: int):
     return select_from_histograms(hi, k, lambda bucket, lo: km.hist_lo(x, bucket, lo))
 
 
+def _raw_pair_ok(raw, base, taken=None) -> bool:
+    """Whether a loop on tau = raw - base (each bf16 or float32, with a bool `taken` or None) can run."""
+    import torch
+
+    if {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32} or (taken is not None and taken.dtype != torch.bool):
+        return False
+    return _ok(raw, base) if taken is None else _ok(raw, base, taken)
+
+
 def radix_select_tau(raw, base, ks, taken=None):
     """radix_select of tau = raw - base (raw and base bf16 or float32; tau read as 0 where the bool `taken`) for
     each k of `ks`, without storing tau: one pass for the high histogram, one per distinct bucket for the low ones.
     (list of (threshold, above, equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite
     tau elements), or None."""
     import numpy as np
-    import torch
 
-    both = (raw, base) if taken is None else (raw, base, taken)
-    if not _ok(*both) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32} or \
-            (taken is not None and taken.dtype != torch.bool):
+    if not _raw_pair_ok(raw, base, taken):
         return None
     r, b = _np(raw).reshape(-1), _np(base).reshape(-1)
     tk = None if taken is None else _np(taken).reshape(-1)
@@ -175,10 +181,8 @@ def radix_select_tau(raw, base, ks, taken=None):
 
 def mark_above_tau(raw, base, thr: float, taken) -> bool:
     """taken |= |raw - base| > thr in place (raw and base bf16 or float32, bool taken); False when not run."""
-    import torch
 
-    if not _ok(raw, base, taken) or {raw.dtype, base.dtype} - {torch.bfloat16, torch.float32} or \
-            taken.dtype != torch.bool:
+    if not _raw_pair_ok(raw, base, taken):
         return False
     _mod().mark_above_tau(_np(raw).reshape(-1), _np(base).reshape(-1), float(thr), _np(taken).reshape(-1))
     return True
