@@ -10,14 +10,15 @@ install:
 lint:
 	$(PY) -m ruff check .
 
-# The README's test command: install, lint, the whole suite (CPU only).
+# The README's test command: install, lint, the whole suite (CPU only) on $(WORKERS) pytest-xdist workers
+# (serial, it took 16-18 min on a 2-core machine; the slowest test alone, guidedquant's three demo seeds, ~5 min).
+WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) --dist worksteal
 
 # Everything but the tests marked slow, on $(WORKERS) pytest-xdist workers (no install step: for the edit-test loop).
-WORKERS ?= 2
 test-fast: lint
-	$(PY) -m pytest -m "not slow" -n $(WORKERS)
+	$(PY) -m pytest -m "not slow" -n $(WORKERS) --dist worksteal
 
 # The main demo: a summary table on the terminal (stderr); the JSON document goes to runs/demo.json.
 demo: install
