@@ -530,12 +530,13 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
         assert fast[1] == slow[1]
     one_pass = E.get_method(name).one_pass
     assert counted.calls.get("apply_raw" if one_pass else "apply_bf16") and (one_pass or counted.calls.get("apply_f32"))
-    loops = {"task_arithmetic": "sum_raw", "ties": "agree", "magnitude": "topk_prune",
+    loops = {"task_arithmetic": "sum_raw", "ties": "topk_merge_raw", "magnitude": "topk_merge_raw",
              "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "accumulate",
              "ca_magnitude": "threshold_prune", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
-    if name in ("magnitude", "ties", "breadcrumbs", "ca_magnitude") and chunk is not None:  # scanned without tau
+    if name in ("magnitude", "ties") or (name in ("breadcrumbs", "ca_magnitude") and chunk is not None):  # scanned
+        # without tau (a one-pass method scans first even when the tensor is one chunk)
         assert counted.calls.get("hist_hi_tau") and counted.calls.get("hist_lo_tau"), counted.calls
     if name == "ca_magnitude" and chunk is not None:  # the taken slots marked from the tensors as read
         assert counted.calls.get("mark_above_tau"), counted.calls
@@ -566,7 +567,8 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
         numba.set_num_threads(old)
 
 
-ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax")
+ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties")
+WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties")
 
 
 @needs_numba
@@ -578,7 +580,9 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
     if n < E.get_method(name).min_models:
         pytest.skip("needs 2 models")
     base, models = _tied_models(n, seed=n)
-    kw = {"weights": [0.7, -1.3, 1.0, 0.5, 1.0, 2.0, 1.0, -0.25, 3.0][:n]} if name == "task_arithmetic" else {}
+    kw = {"weights": [0.7, -1.3, 1.0, 0.5, 1.0, 2.0, 1.0, -0.25, 3.0][:n]} if name in WEIGHTED_ONE_PASS else {}
+    if name in ("magnitude", "ties"):
+        kw["densities"] = [0.3, 0.5, 1.0, 0.1, 0.7, 0.005, 0.4, 0.25, 0.9][:n]
     for chunk in (None, 96):
         plan = E.make_plan(name, n, chunk_elems=chunk, **kw)
         for lam, sign in ((1.0, 1), (0.6, -1)):
@@ -592,8 +596,42 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
             for d in (fast[1], by_model[1], slow[1]):
                 d.pop("seconds"), d.pop("read_gb_per_s"), d.pop("kernels")
             assert fast[1] == by_model[1] == slow[1]
-    loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw"}
+    loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw",
+            "magnitude": "topk_merge_raw", "ties": "topk_merge_raw"}
     assert bool(counted.calls.get(loop[name])) == (n <= K.MAX_ONE_PASS), counted.calls
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["magnitude", "ties"])
+def test_one_pass_top_k_over_threaded_pieces_with_ties_and_a_skipped_model(tmp_path, counted, name):
+    """Tensors large enough to be cut into pieces (one per thread) with many ties at each threshold, chunked and
+    whole, a zero-weight model skipped: the one-pass loop gives the bytes, kept counts and overlap of feeding the
+    models one at a time and of the torch path (the ties quota carried across pieces and chunks)."""
+    import numba
+
+    g = torch.Generator().manual_seed(7)
+    base = {"big": (torch.randn(1000, 600, generator=g) * 0.05).to(torch.bfloat16),
+            "f": torch.randn(2_100_003, generator=g) * 0.05}
+    models = [{k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) for k, v in base.items()}
+              for _ in range(3)]
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        for chunk in (None, 250_000):
+            plan = E.make_plan(name, 3, weights=[0.5, 0.0, 2.0], densities=[0.3, 0.5, 0.05], chunk_elems=chunk)
+            fast = _merge_bytes(tmp_path, "fast", base, models, plan, 1.0)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(type(plan.method), "one_pass", False)
+                by_model = _merge_bytes(tmp_path, "by_model", base, models, plan, 1.0)
+            with K.torch_only():
+                slow = _merge_bytes(tmp_path, "slow", base, models, plan, 1.0)
+            assert fast[0] == by_model[0] == slow[0], (name, chunk)
+            for d in (fast[1], by_model[1], slow[1]):
+                d.pop("seconds"), d.pop("read_gb_per_s"), d.pop("kernels")
+            assert fast[1] == by_model[1] == slow[1]
+    finally:
+        numba.set_num_threads(old)
+    assert counted.calls.get("topk_merge_raw"), counted.calls
 
 
 @needs_numba

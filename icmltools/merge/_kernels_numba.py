@@ -1015,3 +1015,158 @@ def apply_raw(base, merged, lam, mode, out):
         for j in prange(base.shape[0]):
             bad += put(out, j, as_f32(base, j) - merged[j] * lf)
     return bad
+
+
+# --------------------------------------------------------------------------------------------- top-k methods in one pass
+
+
+@_jit
+def _tau_block(rs, bs, x):
+    """x = float32(rs) - float32(bs) over one block; its non-finite count."""
+    bad = 0
+    for j in range(x.shape[0]):
+        v = as_f32(rs, j) - as_f32(bs, j)
+        x[j] = v
+        bad += _bad(v)
+    return bad
+
+
+@_jit
+def _ties_before(base, raws, lo, hi, modes, thrs, alls, x):
+    """Per model: the ties at its threshold in [lo, hi) (0 where the count is not needed)."""
+    K = len(raws)
+    out = np.zeros(K, np.int64)
+    for k in range(K):
+        if modes[k] != 2 or alls[k]:
+            continue
+        t = np.float32(thrs[k])
+        for s in range(lo, hi, _BLOCK):
+            e = min(hi, s + _BLOCK)
+            xs = x[:e - s]
+            _tau_block(raws[k][s:e], base[s:e], xs)
+            out[k] += _count_ties(xs, t)
+    return out
+
+
+@_jit
+def _prune_block(x, mode, t, all_ties, left, seen):
+    """One TopK's selection on one block in place (as topk_prune); the ties at the threshold in it."""
+    if mode == 1:
+        return 0
+    if mode == 0:
+        for j in range(x.shape[0]):
+            x[j] = np.float32(0.0)
+        return 0
+    return _topk_span(x, t, all_ties, left, seen)
+
+
+@_jit
+def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, weighted, consensus, normalize, out,
+                      h4):
+    """_topk_merge over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then combined
+    element by element in model order; h4[j % 4][which models kept element j, as bits] += 1. Returns
+    (non-finite count, nonzeros of the result)."""
+    K = len(raws)
+    tb = np.empty((K, _BLOCK), np.float32)
+    pat = np.empty(_BLOCK, np.uint8)
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    bad = 0
+    nz = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        L = e - s
+        pt = pat[:L]
+        for j in range(L):
+            pt[j] = np.uint8(0)
+        for k in range(K):
+            x = tb[k, :L]
+            bad += _tau_block(raws[k][s:e], base[s:e], x)
+            seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+            bk = np.uint8(1 << k)
+            for j in range(L):
+                pt[j] |= bk if x[j] != zero else np.uint8(0)
+        _count_bytes(pt, h4)
+        o = out[s:e]
+        for j in range(L):
+            v = tb[0, j]
+            if weighted:
+                v = v * np.float32(ws[0])
+            tot = v
+            for k in range(1, K):
+                v = tb[k, j]
+                if weighted:
+                    v = v * np.float32(ws[k])
+                tot = tot + v
+            if not consensus:
+                o[j] = tot
+                bad += _bad(tot)
+                nz += tot != zero
+                continue
+            sg = one if tot > 0 else (-one if tot < 0 else zero)
+            acc = zero
+            div = zero
+            for k in range(K):
+                v = tb[k, j]
+                if ws[k] != 1.0:
+                    v = v * np.float32(ws[k])
+                ok = v * sg > 0
+                a = v if ok else zero
+                d = one if ok else zero
+                if ws[k] != 1.0:
+                    d = d * np.float32(ws[k])
+                acc = acc + a
+                div = div + d
+            nz += div != zero
+            if normalize:
+                acc = acc / (one if div == zero else div)
+            o[j] = acc
+            bad += _bad(tot) + _bad(acc)
+    return bad, nz
+
+
+@_pjit
+def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out):
+    """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
+    elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
+    every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
+    selection (modes/thrs/alls/lefts as topk_prune's, ties by lower index). Bitwise as topk_prune, accumulate,
+    agree and ties_finish model after model: the same float32 operations in the same order. Returns (non-finite
+    task-vector elements and sums, nonzeros of the result (TIES: of the divisor), ties at each model's
+    threshold, counts of the elements by which models kept them (256 patterns, bit k = model k))."""
+    K = len(raws)
+    n = base.shape[0]
+    T = _n_pieces(n, 4096)
+    need = False
+    for k in range(K):
+        need |= modes[k] == 2 and not alls[k]
+    before = np.zeros((T + 1, K), np.int64)
+    if need and T > 1:
+        for p in prange(T):
+            lo, hi = _piece(n, p, T, 4096)
+            before[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls, np.empty(_BLOCK, np.float32))
+        for p in range(T):
+            before[p + 1] += before[p]
+    weighted = False
+    for k in range(K):
+        weighted |= ws[k] != 1.0
+    bads = np.zeros(T, np.int64)
+    nzs = np.zeros(T, np.int64)
+    seen = np.zeros((T, K), np.int64)
+    h4 = np.zeros((T, 4, 256), np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, 4096)
+        seen[p] = before[p]
+        b, z = _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen[p], ws, weighted, consensus,
+                                 normalize, out, h4[p])
+        bads[p] = b
+        nzs[p] = z
+    ties = np.zeros(K, np.int64)
+    hist = np.zeros(256, np.int64)
+    for p in range(T):
+        for k in range(K):
+            ties[k] += seen[p, k] - before[p, k]
+        for q in range(4):
+            for v in range(256):
+                hist[v] += h4[p, q, v]
+    return bads.sum(), nzs.sum(), ties, hist

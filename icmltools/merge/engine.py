@@ -529,6 +529,24 @@ class TensorState:
         self.marked(i, c)
         return True
 
+    def count_patterns(self, models: Sequence[int], hist) -> None:
+        """For a compiled loop that counted the chunk's elements by the set of models keeping them (hist[v]: bit k
+        of v = models[k] kept): the kept counts and the overlap, as :meth:`mark` of each model would add."""
+        pats = [v for v in range(len(hist)) if hist[v]]
+        for a, i in enumerate(models):
+            self.model_kept[i] += int(sum(int(hist[v]) for v in pats if v >> a & 1))
+        if not self.tracking:
+            return
+        if self.overlap is None:
+            self.overlap = [[0] * self.n for _ in range(self.n)]
+        for a, i in enumerate(models):
+            for b in range(a, len(models)):
+                j = models[b]
+                c = int(sum(int(hist[v]) for v in pats if (v >> a & 1) and (v >> b & 1)))
+                self.overlap[i][j] += c
+                if j != i:
+                    self.overlap[j][i] += c
+
     def _chunk_overlap(self) -> None:
         if self._bits is None:
             return
@@ -887,8 +905,8 @@ def _tensor_chunks(run: _Run, spec):
     diag, kept = _Diagnosis(), 0
     spans = list(_chunks(spec.numel, plan))
     whole = len(spans) == 1
-    fused = m.scans and whole
-    one_pass = m.one_pass and wanted and plan.dare_p == 0 and run.device == "cpu"
+    one_pass = m.one_pass and wanted and len(wanted) <= K.MAX_ONE_PASS and plan.dare_p == 0 and run.device == "cpu"
+    fused = m.scans and whole and not one_pass  # a one-pass method scans first, then reads each chunk once
     with torch.no_grad():  # never across a yield: grad mode is thread state the caller would inherit
         m.begin(st)
         if m.scans and not fused:

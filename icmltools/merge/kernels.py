@@ -442,6 +442,27 @@ def magmax_raw(base, raws, best):
     return int(bad), int(nz)
 
 
+def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out):
+    """Magnitude-pruned task arithmetic (consensus False) or TIES (True) in one pass over every model's chunk,
+    each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
+    :func:`topk_prune`; bitwise as pruning, accumulating and agreeing model after model. (non-finite count,
+    nonzeros of the result (TIES: of the divisor), ties at each model's threshold, numpy counts of the elements
+    by the set of models that kept them (bit k = model k, 256 patterns)) or None when not run."""
+    import numpy as np
+
+    got = _one_pass(base, raws, out)
+    if got is None:
+        return None
+    modes = np.array([s[0] for s in sels], np.int64)
+    thrs = np.array([s[1] for s in sels], np.float64)
+    alls = np.array([bool(s[2]) for s in sels], np.bool_)
+    lefts = np.array([s[3] for s in sels], np.int64)
+    bad, nz, ties, hist = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
+                                                np.asarray(weights, np.float64), bool(consensus), bool(normalize),
+                                                _np(out).reshape(-1))
+    return int(bad), int(nz), [int(t) for t in ties], hist
+
+
 def apply_raw(base, merged, lam: float, sign: int, out):
     """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; the number
     of non-finite outputs, or None when not run."""

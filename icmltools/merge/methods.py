@@ -176,6 +176,23 @@ class _Magnitude(Weighted):
     def prune(self, st, tau, i, p):
         return st.topk[i].prune(tau, p)
 
+    one_pass = True
+
+    def merge_raw(self, st, raws, base, wanted):
+        """Every model's chunk pruned by its TopK and combined in one compiled loop (each input read once; TIES'
+        two passes in one); the ties each model met advance its TopK in every pass, as feeding it would."""
+        out = st.acc if self.consensus else st.total
+        got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
+                               [st.plan.weights[i] for i in wanted], self.consensus,
+                               bool(st.plan.options.get("normalize")), out)
+        if got is None or got[0]:
+            return None if got is None else (got[0], out, 0)
+        for i, ties in zip(wanted, got[2]):
+            for p in range(self.passes):
+                st.topk[i].advance(p, ties)
+        st.count_patterns(wanted, got[3])
+        return 0, out, got[1]
+
 
 class Magnitude(_Magnitude):
     """Magnitude pruning of each task vector (top d_i per tensor), then task arithmetic."""
@@ -225,6 +242,7 @@ class Breadcrumbs(_Magnitude):
     fewer of the top are dropped), then the weighted sum."""
 
     name = "breadcrumbs"
+    one_pass = False  # two selections per model: fed model by model
     reference = "Davari & Belilovsky, Model Breadcrumbs, ECCV 2024"
     options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA}
 
