@@ -531,7 +531,7 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
     one_pass = E.get_method(name).one_pass
     assert counted.calls.get("apply_raw" if one_pass else "apply_bf16") and (one_pass or counted.calls.get("apply_f32"))
     loops = {"task_arithmetic": "sum_raw", "ties": "topk_merge_raw", "magnitude": "topk_merge_raw",
-             "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "accumulate",
+             "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "dare_merge_raw",
              "ca_magnitude": "threshold_prune", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
@@ -567,8 +567,8 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
         numba.set_num_threads(old)
 
 
-ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties")
-WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties")
+ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties", "dare", "dare_ties")
+WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties")
 
 
 @needs_numba
@@ -579,11 +579,11 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
     (their `merge_raw` switched off) and of the torch path; more than 8 models go model by model."""
     if n < E.get_method(name).min_models:
         pytest.skip("needs 2 models")
-    if n == 1 and name in ("magnitude", "ties"):
+    if n == 1 and name in ("magnitude", "ties", "dare", "dare_ties"):
         pytest.skip("one model: the same loop as two (each model count is compiled once, ~20 s)")
     base, models = _tied_models(n, seed=n)
     kw = {"weights": [0.7, -1.3, 1.0, 0.5, 1.0, 2.0, 1.0, -0.25, 3.0][:n]} if name in WEIGHTED_ONE_PASS else {}
-    if name in ("magnitude", "ties"):
+    if name in ("magnitude", "ties", "dare", "dare_ties"):
         kw["densities"] = [0.3, 0.5, 1.0, 0.1, 0.7, 0.005, 0.4, 0.25, 0.9][:n]
     for chunk in (None, 96):
         plan = E.make_plan(name, n, chunk_elems=chunk, **kw)
@@ -599,12 +599,13 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
                 d.pop("seconds"), d.pop("read_gb_per_s"), d.pop("kernels")
             assert fast[1] == by_model[1] == slow[1]
     loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw",
-            "magnitude": "topk_merge_raw", "ties": "topk_merge_raw"}
+            "magnitude": "topk_merge_raw", "ties": "topk_merge_raw", "dare": "dare_merge_raw",
+            "dare_ties": "dare_merge_raw"}
     assert bool(counted.calls.get(loop[name])) == (n <= K.MAX_ONE_PASS), counted.calls
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["magnitude", "ties"])
+@pytest.mark.parametrize("name", ["magnitude", "ties", "dare", "dare_ties"])
 def test_one_pass_top_k_over_threaded_pieces_with_ties_and_a_skipped_model(tmp_path, counted, name):
     """Tensors large enough to be cut into pieces (one per thread) with many ties at each threshold, chunked and
     whole, a zero-weight model skipped: the one-pass loop gives the bytes, kept counts and overlap of feeding the
@@ -633,7 +634,7 @@ def test_one_pass_top_k_over_threaded_pieces_with_ties_and_a_skipped_model(tmp_p
             assert fast[1] == by_model[1] == slow[1]
     finally:
         numba.set_num_threads(old)
-    assert counted.calls.get("topk_merge_raw"), counted.calls
+    assert counted.calls.get("dare_merge_raw" if name.startswith("dare") else "topk_merge_raw"), counted.calls
 
 
 @needs_numba

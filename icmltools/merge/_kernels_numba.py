@@ -1061,67 +1061,81 @@ def _prune_block(x, mode, t, all_ties, left, seen):
 
 
 @_jit
+def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4):
+    """The pruned task vectors of one block (row k of tb: model k's, L elements) combined element by element in
+    model order into o: sum_k w_k x_k (consensus False), or TIES' sign election and disjoint (weighted) mean;
+    pt[j] = which models kept element j (bits), counted into h4. Returns (non-finite count, nonzeros of the
+    result (consensus: of the divisor))."""
+    K = tb.shape[0]
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    for j in range(L):
+        pt[j] = np.uint8(0)
+    for k in range(K):
+        x = tb[k, :L]
+        bk = np.uint8(1 << k)
+        for j in range(L):
+            pt[j] |= bk if x[j] != zero else np.uint8(0)
+    _count_bytes(pt, h4)
+    bad = 0
+    nz = 0
+    for j in range(L):
+        v = tb[0, j]
+        if weighted:
+            v = v * np.float32(ws[0])
+        tot = v
+        for k in range(1, K):
+            v = tb[k, j]
+            if weighted:
+                v = v * np.float32(ws[k])
+            tot = tot + v
+        if not consensus:
+            o[j] = tot
+            bad += _bad(tot)
+            nz += tot != zero
+            continue
+        sg = one if tot > 0 else (-one if tot < 0 else zero)
+        acc = zero
+        div = zero
+        for k in range(K):
+            v = tb[k, j]
+            if ws[k] != 1.0:
+                v = v * np.float32(ws[k])
+            ok = v * sg > 0
+            a = v if ok else zero
+            d = one if ok else zero
+            if ws[k] != 1.0:
+                d = d * np.float32(ws[k])
+            acc = acc + a
+            div = div + d
+        nz += div != zero
+        if normalize:
+            acc = acc / (one if div == zero else div)
+        o[j] = acc
+        bad += _bad(tot) + _bad(acc)
+    return bad, nz
+
+
+@_jit
 def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, weighted, consensus, normalize, out,
                       h4):
-    """_topk_merge over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then combined
-    element by element in model order; h4[j % 4][which models kept element j, as bits] += 1. Returns
-    (non-finite count, nonzeros of the result)."""
+    """topk_merge_raw over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then
+    combined. Returns (non-finite count, nonzeros of the result)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
-    zero = np.float32(0.0)
-    one = np.float32(1.0)
     bad = 0
     nz = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         L = e - s
-        pt = pat[:L]
-        for j in range(L):
-            pt[j] = np.uint8(0)
         for k in range(K):
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
-            bk = np.uint8(1 << k)
-            for j in range(L):
-                pt[j] |= bk if x[j] != zero else np.uint8(0)
-        _count_bytes(pt, h4)
-        o = out[s:e]
-        for j in range(L):
-            v = tb[0, j]
-            if weighted:
-                v = v * np.float32(ws[0])
-            tot = v
-            for k in range(1, K):
-                v = tb[k, j]
-                if weighted:
-                    v = v * np.float32(ws[k])
-                tot = tot + v
-            if not consensus:
-                o[j] = tot
-                bad += _bad(tot)
-                nz += tot != zero
-                continue
-            sg = one if tot > 0 else (-one if tot < 0 else zero)
-            acc = zero
-            div = zero
-            for k in range(K):
-                v = tb[k, j]
-                if ws[k] != 1.0:
-                    v = v * np.float32(ws[k])
-                ok = v * sg > 0
-                a = v if ok else zero
-                d = one if ok else zero
-                if ws[k] != 1.0:
-                    d = d * np.float32(ws[k])
-                acc = acc + a
-                div = div + d
-            nz += div != zero
-            if normalize:
-                acc = acc / (one if div == zero else div)
-            o[j] = acc
-            bad += _bad(tot) + _bad(acc)
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4)
+        bad += b
+        nz += z
     return bad, nz
 
 
@@ -1170,3 +1184,91 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
             for v in range(256):
                 hist[v] += h4[p, q, v]
     return bads.sum(), nzs.sum(), ties, hist
+
+
+# --------------------------------------------------------------------------------------------- DARE in one pass
+
+
+@_jit
+def _mt_keep(mask, mt, pos, thr):
+    """mask = 1 where the stream's next uniform (24 bits) is at least `thr` (DARE keeps), 0 where below; one
+    number per element in order, as _mt_walk."""
+    n = mask.shape[0]
+    t = np.uint32(thr)
+    j = 0
+    i = pos[0]
+    while j < n:
+        if i == _MT_N:
+            _mt_twist(mt)
+            i = 0
+        k = min(_MT_N - i, n - j)
+        ms, ws = mask[j:j + k], mt[i:i + k]
+        for q in range(k):
+            ms[q] = np.uint8(1) if _mt_out24(ws[q]) >= t else np.uint8(0)
+        i += k
+        j += k
+    pos[0] = i
+
+
+@_pjit
+def dare_masks(mts, poss, thrs, masks):
+    """Each model's DARE keep mask of the chunk from its own MT19937 stream (row k of mts, position poss[k]), the
+    models' streams in parallel; a model with thrs[k] < 0 draws nothing (p = 0)."""
+    for k in prange(mts.shape[0]):
+        if thrs[k] >= 0:
+            _mt_keep(masks[k], mts[k], poss[k:k + 1], thrs[k])
+
+
+@_jit
+def _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, normalize, out, h4):
+    """dare_merge_raw over [lo, hi), in blocks of _BLOCK."""
+    K = len(raws)
+    tb = np.empty((K, _BLOCK), np.float32)
+    pat = np.empty(_BLOCK, np.uint8)
+    zero = np.float32(0.0)
+    bad = 0
+    nz = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        L = e - s
+        for k in range(K):
+            x = tb[k, :L]
+            bad += _tau_block(raws[k][s:e], base[s:e], x)
+            if ds[k] > 0:
+                d = np.float32(ds[k])
+                m = masks[k, s:e]
+                for j in range(L):
+                    v = x[j] / d
+                    x[j] = v if m[j] != 0 else zero
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4)
+        bad += b
+        nz += z
+    return bad, nz
+
+
+@_pjit
+def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
+    """DARE (consensus False) or DARE-TIES over every model's chunk at once: tau_k = float32(raws[k]) - base,
+    divided by ds[k] = float32(1 - p_k) and zeroed where masks[k] is 0 (ds[k] = 0: p_k = 0, tau_k as is), then
+    combined as topk_merge_raw. Bitwise as dare_tensor, accumulate, agree and ties_finish model after model.
+    Returns (non-finite task-vector elements and sums, nonzeros of the result (consensus: of the divisor), counts
+    of the elements by which models kept them)."""
+    n = base.shape[0]
+    T = _n_pieces(n, _BLOCK)
+    weighted = False
+    for k in range(len(raws)):
+        weighted |= ws[k] != 1.0
+    bads = np.zeros(T, np.int64)
+    nzs = np.zeros(T, np.int64)
+    h4 = np.zeros((T, 4, 256), np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, _BLOCK)
+        b, z = _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, normalize, out, h4[p])
+        bads[p] = b
+        nzs[p] = z
+    hist = np.zeros(256, np.int64)
+    for p in range(T):
+        for q in range(4):
+            for v in range(256):
+                hist[v] += h4[p, q, v]
+    return bads.sum(), nzs.sum(), hist

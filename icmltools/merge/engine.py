@@ -488,6 +488,17 @@ class TensorState:
             g = self._gens[key] = mt or dare_generator(self.plan.seed, self.name, i, self.device)
         return dare_tensor(tau, p, g, lambda k, dt: self.buf(k, dt, tau.numel()))
 
+    def dare_stream(self, i: int, stream: int = 0):
+        """Model i's DARE stream of pass `stream` as a compiled MT19937 (:class:`kernels.MTStream`), or None
+        where its numbers come from a torch generator."""
+        key = (stream, i)
+        g = self._gens.get(key)
+        if g is None and self.device == "cpu":
+            g = K.mt_stream(_dare_seed(self.plan.seed, self.name, i))
+            if g is not None:
+                self._gens[key] = g
+        return g if isinstance(g, K.MTStream) else None
+
     def mark(self, i: int, pruned) -> None:
         """Count model i's kept slots (the nonzeros of its pruned chunk) for the density and overlap figures."""
         import torch

@@ -345,6 +345,11 @@ class MTStream:
         self.pos = np.array([624], np.int64)  # torch twists before its first number
         _mod().mt_seed(int(seed) & 0xFFFFFFFF, self.mt)
 
+    def copy_from(self, other: "MTStream") -> None:
+        """This stream continues where `other` is (the same state and position)."""
+        self.mt[:] = other.mt
+        self.pos[:] = other.pos
+
     def uniforms(self, out):
         """Fill the float32 CPU tensor `out` (contiguous) with the next uniforms; returns it."""
         _mod().mt_uniforms(_np(out).reshape(-1), self.mt, self.pos)
@@ -461,6 +466,41 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
                                                 np.asarray(weights, np.float64), bool(consensus), bool(normalize),
                                                 _np(out).reshape(-1))
     return int(bad), int(nz), [int(t) for t in ties], hist
+
+
+def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks):
+    """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
+    drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
+    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept and
+    the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor` and the model-by-model
+    loops. (non-finite count, nonzeros of the result (TIES: of the divisor), counts of the elements by the set
+    of models that kept them) or None when not run; the streams advance only when the count is 0."""
+    import math
+
+    import numpy as np
+    import torch
+
+    got = _one_pass(base, raws, out)
+    if got is None or masks.dtype != torch.uint8 or not _ok(masks):
+        return None
+    n, k = got[0].shape[0], len(raws)
+    m = _np(masks).reshape(-1)[: k * n].reshape(k, n)
+    thrs = np.array([min(1 << 24, math.ceil(float(np.float32(p)) * (1 << 24))) if p > 0 else -1 for p in ps],
+                    np.int64)  # u < p in float32 <=> its 24 bits < thr (as dare_zero_mt)
+    ds = np.array([np.float32(1.0 - p) if p > 0 else 0.0 for p in ps], np.float64)
+    mts, poss = np.zeros((k, 624), np.uint32), np.full(k, 624, np.int64)
+    for j, st in enumerate(streams):
+        if st is not None:
+            mts[j], poss[j] = st.mt, st.pos[0]
+    km = _mod()
+    km.dare_masks(mts, poss, thrs, m)  # on copies of the states: the streams advance only when the chunk is done
+    bad, nz, hist = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64), bool(consensus),
+                                      bool(normalize), _np(out).reshape(-1))
+    if not bad:
+        for j, st in enumerate(streams):
+            if st is not None:
+                st.mt[:], st.pos[0] = mts[j], poss[j]
+    return int(bad), int(nz), hist
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):

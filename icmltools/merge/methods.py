@@ -39,6 +39,12 @@ def _sum_into(total, x, k: int) -> None:
         total.add_(x)
 
 
+def _uint8():
+    import torch
+
+    return torch.uint8
+
+
 def _count(t) -> int:
     import torch
 
@@ -223,6 +229,29 @@ class Dare(Weighted):
 
     def prune(self, st, tau, i, p):
         return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p)
+
+    one_pass = True
+
+    def merge_raw(self, st, raws, base, wanted):
+        """Every model's chunk dropped and rescaled by its own stream and combined in one compiled loop (the
+        masks drawn for all models in parallel; DARE-TIES' two passes in one: the second pass's streams are set
+        to where the first's are, as redrawing the same numbers would leave them)."""
+        ps = [1.0 - st.plan.densities[i] for i in wanted]
+        streams = [st.dare_stream(i, 0) if p > 0 else None for i, p in zip(wanted, ps)]
+        if any(s is None for s, p in zip(streams, ps) if p > 0):
+            return None
+        out = st.acc if self.consensus else st.total
+        got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
+                               bool(st.plan.options.get("normalize")), out,
+                               st.buf("dare_masks", _uint8(), len(wanted) * (st.stop - st.start)))
+        if got is None or got[0]:
+            return None if got is None else (got[0], out, 0)
+        for q in range(1, self.passes):
+            for i, s in zip(wanted, streams):
+                if s is not None:
+                    st.dare_stream(i, q).copy_from(s)
+        st.count_patterns(wanted, got[2])
+        return 0, out, got[1]
 
 
 class DareTies(Dare):
