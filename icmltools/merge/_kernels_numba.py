@@ -1061,11 +1061,13 @@ def _prune_block(x, mode, t, all_ties, left, seen):
 
 
 @_jit
-def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4):
-    """The pruned task vectors of one block (row k of tb: model k's, L elements) combined element by element in
-    model order into o: sum_k w_k x_k (consensus False), or TIES' sign election and disjoint (weighted) mean;
-    pt[j] = which models kept element j (bits), counted into h4. Returns (non-finite count, nonzeros of the
-    result (consensus: of the divisor))."""
+def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
+    """The pruned task vectors of one block (row k of tb: model k's, L elements) combined in model order into o:
+    sum_k w_k x_k (consensus False), or TIES' sign election and disjoint (weighted) mean; pt[j] = which models
+    kept element j (bits), counted into h4; sc: 3 scratch rows. Row by row, so every loop vectorises (each
+    element still sees the model-by-model loops' float32 operations in their order; x * 1 == x, so one
+    `weighted` flag serves all models). Returns (non-finite count, nonzeros of the result (consensus: of the
+    divisor))."""
     K = tb.shape[0]
     zero = np.float32(0.0)
     one = np.float32(1.0)
@@ -1077,42 +1079,47 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4):
         for j in range(L):
             pt[j] |= bk if x[j] != zero else np.uint8(0)
     _count_bytes(pt, h4)
+    t = sc[0, :L]
+    x = tb[0, :L]
+    w0 = np.float32(ws[0]) if weighted else one
+    for j in range(L):
+        t[j] = x[j] * w0
+    for k in range(1, K):
+        x = tb[k, :L]
+        wk = np.float32(ws[k]) if weighted else one
+        for j in range(L):
+            t[j] = t[j] + x[j] * wk
     bad = 0
     nz = 0
+    if not consensus:
+        for j in range(L):
+            v = t[j]
+            o[j] = v
+            bad += _bad(v)
+            nz += v != zero
+        return bad, nz
+    acc = sc[1, :L]
+    div = sc[2, :L]
     for j in range(L):
-        v = tb[0, j]
-        if weighted:
-            v = v * np.float32(ws[0])
-        tot = v
-        for k in range(1, K):
-            v = tb[k, j]
-            if weighted:
-                v = v * np.float32(ws[k])
-            tot = tot + v
-        if not consensus:
-            o[j] = tot
-            bad += _bad(tot)
-            nz += tot != zero
-            continue
-        sg = one if tot > 0 else (-one if tot < 0 else zero)
-        acc = zero
-        div = zero
-        for k in range(K):
-            v = tb[k, j]
-            if ws[k] != 1.0:
-                v = v * np.float32(ws[k])
-            ok = v * sg > 0
-            a = v if ok else zero
-            d = one if ok else zero
-            if ws[k] != 1.0:
-                d = d * np.float32(ws[k])
-            acc = acc + a
-            div = div + d
-        nz += div != zero
+        acc[j] = zero
+        div[j] = zero
+    for k in range(K):
+        x = tb[k, :L]
+        wk = np.float32(ws[k]) if weighted else one
+        for j in range(L):
+            v = x[j] * wk
+            tj = t[j]
+            ok = v * (np.float32(tj > zero) - np.float32(tj < zero)) > zero  # the elected sign: sgn(sum), 0 elects none
+            acc[j] = acc[j] + (v if ok else zero)
+            div[j] = div[j] + (wk if ok else zero)
+    for j in range(L):
+        a = acc[j]
+        d = div[j]
+        nz += d != zero
         if normalize:
-            acc = acc / (one if div == zero else div)
-        o[j] = acc
-        bad += _bad(tot) + _bad(acc)
+            a = a / (one if d == zero else d)
+        o[j] = a
+        bad += _bad(t[j]) + _bad(a)
     return bad, nz
 
 
@@ -1123,6 +1130,7 @@ def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, we
     combined. Returns (non-finite count, nonzeros of the result)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
+    sc = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
     bad = 0
     nz = 0
@@ -1133,7 +1141,7 @@ def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, we
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4)
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
         bad += b
         nz += z
     return bad, nz
@@ -1220,12 +1228,21 @@ def dare_masks(mts, poss, thrs, masks):
 
 
 @_jit
+def _dare_block(x, m, d):
+    """x = x / d where m, else 0 (dare_tensor's div_ then drop), over one block (1-D slices: vectorised)."""
+    zero = np.float32(0.0)
+    for j in range(x.shape[0]):
+        v = x[j] / d
+        x[j] = v if m[j] != 0 else zero
+
+
+@_jit
 def _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, normalize, out, h4):
     """dare_merge_raw over [lo, hi), in blocks of _BLOCK."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
+    sc = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
-    zero = np.float32(0.0)
     bad = 0
     nz = 0
     for s in range(lo, hi, _BLOCK):
@@ -1235,12 +1252,8 @@ def _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, no
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             if ds[k] > 0:
-                d = np.float32(ds[k])
-                m = masks[k, s:e]
-                for j in range(L):
-                    v = x[j] / d
-                    x[j] = v if m[j] != 0 else zero
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4)
+                _dare_block(x, masks[k][s:e], np.float32(ds[k]))
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
         bad += b
         nz += z
     return bad, nz
