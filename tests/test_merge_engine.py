@@ -638,6 +638,36 @@ def test_one_pass_top_k_over_threaded_pieces_with_ties_and_a_skipped_model(tmp_p
 
 
 @needs_numba
+@pytest.mark.parametrize("name", ["dare", "dare_ties"])
+def test_one_pass_dare_after_a_chunk_that_falls_back_draws_the_same_numbers(tmp_path, name):
+    """A chunk holding a let-in NaN goes model by model (the one-pass loop refuses it before its streams
+    advance), and the chunks after it draw DARE's numbers where the torch path does: the same bytes."""
+    g = torch.Generator().manual_seed(3)
+    base = {"w": torch.randn(5000, generator=g) * 0.05}
+    models = [{"w": base["w"] + torch.randn(5000, generator=g) * 0.01} for _ in range(3)]
+    plan = E.make_plan(name, 3, densities=[0.3, 0.6, 0.9], chunk_elems=1000, seed=4)
+
+    def merge(tag, torch_only):
+        out = tmp_path / f"{tag}.safetensors"
+        with K.torch_only(torch_only):
+            st = E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], plan, 1.0, out,
+                                       allow_non_finite=True)
+        return out.read_bytes(), st.non_finite_inputs
+
+    for j in range(2100, 2200):  # a NaN that DARE drops (a kept one reaches the output: refused either way)
+        models[1]["w"][j] = float("nan")
+        try:
+            slow = merge("slow", True)
+        except RuntimeFailure:
+            models[1]["w"][j] = base["w"][j]
+            continue
+        assert merge("fast", False) == slow
+        assert slow[1]
+        return
+    pytest.fail("no dropped position found")
+
+
+@needs_numba
 @pytest.mark.parametrize("nm", [(4, 32), (3, 8), (5, 7), (1, 1), (7, 7)])
 @pytest.mark.parametrize("use_taken", [False, True])
 def test_nm_loop_equals_the_torch_mask_with_ties_and_tails(nm, use_taken):

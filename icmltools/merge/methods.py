@@ -243,7 +243,8 @@ class Dare(Weighted):
         out = st.acc if self.consensus else st.total
         got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
                                bool(st.plan.options.get("normalize")), out,
-                               st.buf("dare_masks", _uint8(), len(wanted) * (st.stop - st.start)))
+                               st.buf("dare_masks", _uint8(), K.MAX_ONE_PASS * (st.stop - st.start)))  # rows for
+        # the most models a pass takes: the engine's buffers do not depend on the number of models
         if got is None or got[0]:
             return None if got is None else (got[0], out, 0)
         for q in range(1, self.passes):
