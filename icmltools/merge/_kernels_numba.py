@@ -670,10 +670,9 @@ def mt_uniforms(out, mt, pos):
 @_jit
 def _mt_walk(x, mt, pos, thr, fill):
     """One number of the stream per element of x, in order: x = the uniform (`fill`), or x = 0 where its 24 bits
-    are below `thr`. The state is refilled every 624 numbers; pos[0] carries the position to the next call."""
+    are below `thr` (float32 x); x = 1 where they are at least `thr`, else 0 (uint8 x: DARE's keep mask). The
+    state is refilled every 624 numbers; pos[0] carries the position to the next call."""
     n = x.shape[0]
-    zero = np.float32(0.0)
-    scale = np.float32(2.0 ** -24)
     t = np.uint32(thr)
     j = 0
     i = pos[0]
@@ -682,16 +681,36 @@ def _mt_walk(x, mt, pos, thr, fill):
             _mt_twist(mt)
             i = 0
         k = min(_MT_N - i, n - j)
-        xs, ws = x[j:j + k], mt[i:i + k]
-        if fill:
-            for q in range(k):
-                xs[q] = np.float32(_mt_out24(ws[q])) * scale
-        else:
-            for q in range(k):
-                xs[q] = zero if _mt_out24(ws[q]) < t else xs[q]
+        _mt_span(x[j:j + k], mt[i:i + k], t, fill)
         i += k
         j += k
     pos[0] = i
+
+
+def _mt_span(xs, ws, t, fill):
+    """One span of _mt_walk (xs and the state words ws of the same length), chosen by xs's dtype when compiled:
+    float32 xs = the uniforms (`fill`) or xs = 0 where the 24 bits are below t; uint8 xs = 1 where they are at
+    least t (DARE's keep mask), else 0."""
+
+
+@overload(_mt_span)
+def _mt_span_impl(xs, ws, t, fill):
+    if xs.dtype == types.uint8:
+        def keep(xs, ws, t, fill):
+            for q in range(xs.shape[0]):
+                xs[q] = np.uint8(1) if _mt_out24(ws[q]) >= t else np.uint8(0)
+        return keep
+
+    def f32(xs, ws, t, fill):
+        if fill:
+            scale = np.float32(2.0 ** -24)
+            for q in range(xs.shape[0]):
+                xs[q] = np.float32(_mt_out24(ws[q])) * scale
+        else:
+            zero = np.float32(0.0)
+            for q in range(xs.shape[0]):
+                xs[q] = zero if _mt_out24(ws[q]) < t else xs[q]
+    return f32
 
 
 @_pjit
@@ -1124,9 +1143,10 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
 
 
 @_jit
-def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, weighted, consensus, normalize, out,
-                      h4):
-    """topk_merge_raw over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then
+def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
+                 normalize, out, h4):
+    """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
+    (each model's DARE drop) over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then
     combined. Returns (non-finite count, nonzeros of the result)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
@@ -1140,7 +1160,10 @@ def _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen, ws, we
         for k in range(K):
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
-            seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+            if not dare:
+                seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+            elif ds[k] > 0:
+                _dare_block(x, masks[k][s:e], np.float32(ds[k]))
         b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
         bad += b
         nz += z
@@ -1179,8 +1202,8 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
-        b, z = _topk_merge_piece(base, raws, lo, hi, modes, thrs, alls, lefts, seen[p], ws, weighted, consensus,
-                                 normalize, out, h4[p])
+        b, z = _merge_piece(base, raws, lo, hi, False, modes, thrs, alls, lefts, seen[p], np.zeros((1, 1), np.uint8),
+                            np.zeros(K), ws, weighted, consensus, normalize, out, h4[p])
         bads[p] = b
         nzs[p] = z
     ties = np.zeros(K, np.int64)
@@ -1197,34 +1220,13 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 # --------------------------------------------------------------------------------------------- DARE in one pass
 
 
-@_jit
-def _mt_keep(mask, mt, pos, thr):
-    """mask = 1 where the stream's next uniform (24 bits) is at least `thr` (DARE keeps), 0 where below; one
-    number per element in order, as _mt_walk."""
-    n = mask.shape[0]
-    t = np.uint32(thr)
-    j = 0
-    i = pos[0]
-    while j < n:
-        if i == _MT_N:
-            _mt_twist(mt)
-            i = 0
-        k = min(_MT_N - i, n - j)
-        ms, ws = mask[j:j + k], mt[i:i + k]
-        for q in range(k):
-            ms[q] = np.uint8(1) if _mt_out24(ws[q]) >= t else np.uint8(0)
-        i += k
-        j += k
-    pos[0] = i
-
-
 @_pjit
 def dare_masks(mts, poss, thrs, masks):
     """Each model's DARE keep mask of the chunk from its own MT19937 stream (row k of mts, position poss[k]), the
     models' streams in parallel; a model with thrs[k] < 0 draws nothing (p = 0)."""
     for k in prange(mts.shape[0]):
         if thrs[k] >= 0:
-            _mt_keep(masks[k], mts[k], poss[k:k + 1], thrs[k])
+            _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
 
 
 @_jit
@@ -1236,29 +1238,6 @@ def _dare_block(x, m, d):
         x[j] = v if m[j] != 0 else zero
 
 
-@_jit
-def _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, normalize, out, h4):
-    """dare_merge_raw over [lo, hi), in blocks of _BLOCK."""
-    K = len(raws)
-    tb = np.empty((K, _BLOCK), np.float32)
-    sc = np.empty((3, _BLOCK), np.float32)
-    pat = np.empty(_BLOCK, np.uint8)
-    bad = 0
-    nz = 0
-    for s in range(lo, hi, _BLOCK):
-        e = min(hi, s + _BLOCK)
-        L = e - s
-        for k in range(K):
-            x = tb[k, :L]
-            bad += _tau_block(raws[k][s:e], base[s:e], x)
-            if ds[k] > 0:
-                _dare_block(x, masks[k][s:e], np.float32(ds[k]))
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
-        bad += b
-        nz += z
-    return bad, nz
-
-
 @_pjit
 def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
     """DARE (consensus False) or DARE-TIES over every model's chunk at once: tau_k = float32(raws[k]) - base,
@@ -1266,17 +1245,20 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
     combined as topk_merge_raw. Bitwise as dare_tensor, accumulate, agree and ties_finish model after model.
     Returns (non-finite task-vector elements and sums, nonzeros of the result (consensus: of the divisor), counts
     of the elements by which models kept them)."""
+    K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, _BLOCK)
     weighted = False
-    for k in range(len(raws)):
+    for k in range(K):
         weighted |= ws[k] != 1.0
     bads = np.zeros(T, np.int64)
     nzs = np.zeros(T, np.int64)
     h4 = np.zeros((T, 4, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, _BLOCK)
-        b, z = _dare_merge_piece(base, raws, masks, lo, hi, ds, ws, weighted, consensus, normalize, out, h4[p])
+        b, z = _merge_piece(base, raws, lo, hi, True, np.zeros(K, np.int64), np.zeros(K), np.zeros(K, np.bool_),
+                            np.zeros(K, np.int64), np.zeros(K, np.int64), masks, ds, ws, weighted, consensus,
+                            normalize, out, h4[p])
         bads[p] = b
         nzs[p] = z
     hist = np.zeros(256, np.int64)
