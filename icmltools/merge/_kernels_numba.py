@@ -469,6 +469,12 @@ def pair_counts(bits, n):
         _count_bytes(bits[lo:hi], part[4 * t:4 * t + 4])
     h = np.zeros(256, np.int64)
     _add_parts(h, part)
+    return _hist_pairs(h, n)
+
+
+@_jit
+def _hist_pairs(h, n):
+    """counts[i][j] (i <= j) = #slots whose bits (h: their histogram over 256 byte values) hold both i and j."""
     out = np.zeros((n, n), np.int64)
     for v in range(256):
         if h[v] == 0:
@@ -1171,20 +1177,17 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
 
 
 @_pjit
-def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out):
-    """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
-    elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
-    every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
-    selection (modes/thrs/alls/lefts as topk_prune's, ties by lower index). Bitwise as topk_prune, accumulate,
-    agree and ties_finish model after model: the same float32 operations in the same order. Returns (non-finite
-    task-vector elements and sums, nonzeros of the result (TIES: of the divisor), ties at each model's
-    threshold, counts of the elements by which models kept them (256 patterns, bit k = model k))."""
+def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out):
+    """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
+    compiled once for both: the pieces (one per thread) run _merge_piece; for a top-k merge whose quota splits
+    the ties at a threshold, each piece first learns the ties before it. Returns (non-finite count, nonzeros of
+    the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept))."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
     need = False
     for k in range(K):
-        need |= modes[k] == 2 and not alls[k]
+        need |= (not dare) and modes[k] == 2 and not alls[k]
     before = np.zeros((T + 1, K), np.int64)
     if need and T > 1:
         for p in prange(T):
@@ -1198,23 +1201,33 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
     bads = np.zeros(T, np.int64)
     nzs = np.zeros(T, np.int64)
     seen = np.zeros((T, K), np.int64)
-    h4 = np.zeros((T, 4, 256), np.int64)
+    h4 = np.zeros((4 * T, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
-        b, z = _merge_piece(base, raws, lo, hi, False, modes, thrs, alls, lefts, seen[p], np.zeros((1, 1), np.uint8),
-                            np.zeros(K), ws, weighted, consensus, normalize, out, h4[p])
+        b, z = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
+                            consensus, normalize, out, h4[4 * p:4 * p + 4])
         bads[p] = b
         nzs[p] = z
     ties = np.zeros(K, np.int64)
-    hist = np.zeros(256, np.int64)
     for p in range(T):
         for k in range(K):
             ties[k] += seen[p, k] - before[p, k]
-        for q in range(4):
-            for v in range(256):
-                hist[v] += h4[p, q, v]
-    return bads.sum(), nzs.sum(), ties, hist
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return bads.sum(), nzs.sum(), ties, _hist_pairs(hist, K)
+
+
+def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out):
+    """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
+    elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
+    every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
+    selection (modes/thrs/alls/lefts as topk_prune's, ties by lower index). Bitwise as topk_prune, accumulate,
+    agree and ties_finish model after model: the same float32 operations in the same order. Returns
+    _merge_models's (non-finite count, nonzeros, ties per model, kept pairs)."""
+    k = len(raws)
+    return _merge_models(base, raws, False, modes, thrs, alls, lefts, np.zeros((1, 1), np.uint8), np.zeros(k), ws,
+                         consensus, normalize, out)
 
 
 # --------------------------------------------------------------------------------------------- DARE in one pass
@@ -1238,32 +1251,12 @@ def _dare_block(x, m, d):
         x[j] = v if m[j] != 0 else zero
 
 
-@_pjit
 def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
     """DARE (consensus False) or DARE-TIES over every model's chunk at once: tau_k = float32(raws[k]) - base,
     divided by ds[k] = float32(1 - p_k) and zeroed where masks[k] is 0 (ds[k] = 0: p_k = 0, tau_k as is), then
     combined as topk_merge_raw. Bitwise as dare_tensor, accumulate, agree and ties_finish model after model.
-    Returns (non-finite task-vector elements and sums, nonzeros of the result (consensus: of the divisor), counts
-    of the elements by which models kept them)."""
-    K = len(raws)
-    n = base.shape[0]
-    T = _n_pieces(n, _BLOCK)
-    weighted = False
-    for k in range(K):
-        weighted |= ws[k] != 1.0
-    bads = np.zeros(T, np.int64)
-    nzs = np.zeros(T, np.int64)
-    h4 = np.zeros((T, 4, 256), np.int64)
-    for p in prange(T):
-        lo, hi = _piece(n, p, T, _BLOCK)
-        b, z = _merge_piece(base, raws, lo, hi, True, np.zeros(K, np.int64), np.zeros(K), np.zeros(K, np.bool_),
-                            np.zeros(K, np.int64), np.zeros(K, np.int64), masks, ds, ws, weighted, consensus,
-                            normalize, out, h4[p])
-        bads[p] = b
-        nzs[p] = z
-    hist = np.zeros(256, np.int64)
-    for p in range(T):
-        for q in range(4):
-            for v in range(256):
-                hist[v] += h4[p, q, v]
-    return bads.sum(), nzs.sum(), hist
+    Returns _merge_models's (non-finite count, nonzeros, ties (none), kept pairs)."""
+    k = len(raws)
+    z = np.zeros(k, np.int64)
+    return _merge_models(base, raws, True, z, np.zeros(k), np.zeros(k, np.bool_), z, masks, ds, ws, consensus,
+                         normalize, out)

@@ -481,22 +481,22 @@ class TensorState:
     def dare(self, tau, i: int, p: float, stream=0):
         """DARE on model i's chunk with the stream derive(seed, "dare", name, i), drawn on in chunk order;
         `stream` separates passes that draw the same numbers again."""
+        return dare_tensor(tau, p, self._dare_gen(i, stream), lambda k, dt: self.buf(k, dt, tau.numel()))
+
+    def _dare_gen(self, i: int, stream: int):
+        """Model i's DARE stream of pass `stream`, made on first use: torch's CPU generator, run by the compiled
+        loops where they run (:class:`kernels.MTStream`, the same numbers), else a torch generator."""
         key = (stream, i)
         g = self._gens.get(key)
-        if g is None:  # torch's CPU generator, run by the compiled loops where they run (the same numbers)
+        if g is None:
             mt = K.mt_stream(_dare_seed(self.plan.seed, self.name, i)) if self.device == "cpu" else None
             g = self._gens[key] = mt or dare_generator(self.plan.seed, self.name, i, self.device)
-        return dare_tensor(tau, p, g, lambda k, dt: self.buf(k, dt, tau.numel()))
+        return g
 
     def dare_stream(self, i: int, stream: int = 0):
         """Model i's DARE stream of pass `stream` as a compiled MT19937 (:class:`kernels.MTStream`), or None
         where its numbers come from a torch generator."""
-        key = (stream, i)
-        g = self._gens.get(key)
-        if g is None and self.device == "cpu":
-            g = K.mt_stream(_dare_seed(self.plan.seed, self.name, i))
-            if g is not None:
-                self._gens[key] = g
+        g = self._dare_gen(i, stream)
         return g if isinstance(g, K.MTStream) else None
 
     def mark(self, i: int, pruned) -> None:
@@ -540,20 +540,22 @@ class TensorState:
         self.marked(i, c)
         return True
 
-    def count_patterns(self, models: Sequence[int], hist) -> None:
-        """For a compiled loop that counted the chunk's elements by the set of models keeping them (hist[v]: bit k
-        of v = models[k] kept): the kept counts and the overlap, as :meth:`mark` of each model would add."""
-        pats = [v for v in range(len(hist)) if hist[v]]
+    def count_pairs(self, models: Sequence[int], pairs) -> None:
+        """For a compiled loop that counted the chunk's kept pairs itself (pairs[a][b], a <= b: elements that both
+        models[a] and models[b] kept; pairs[a][a]: models[a]'s kept): the kept counts and the overlap, as
+        :meth:`mark` of each model and :meth:`_chunk_overlap` would add."""
         for a, i in enumerate(models):
-            self.model_kept[i] += int(sum(int(hist[v]) for v in pats if v >> a & 1))
-        if not self.tracking:
-            return
+            self.model_kept[i] += int(pairs[a][a])
+        if self.tracking:
+            self._add_overlap(models, pairs)
+
+    def _add_overlap(self, models: Sequence[int], pairs) -> None:
+        """overlap[models[a]][models[b]] (and its mirror) += pairs[a][b] for a <= b."""
         if self.overlap is None:
             self.overlap = [[0] * self.n for _ in range(self.n)]
         for a, i in enumerate(models):
             for b in range(a, len(models)):
-                j = models[b]
-                c = int(sum(int(hist[v]) for v in pats if (v >> a & 1) and (v >> b & 1)))
+                j, c = models[b], int(pairs[a][b])
                 self.overlap[i][j] += c
                 if j != i:
                     self.overlap[j][i] += c
@@ -563,24 +565,14 @@ class TensorState:
             return
         import torch
 
-        if self.overlap is None:
-            self.overlap = [[0] * self.n for _ in range(self.n)]
-        fast = K.pair_counts(self._bits, self.n)
-        if fast is not None:
+        pairs = K.pair_counts(self._bits, self.n)
+        if pairs is None:
+            pairs = [[0] * self.n for _ in range(self.n)]
             for i in range(self.n):
                 for j in range(i, self.n):
-                    self.overlap[i][j] += fast[i][j]
-                    if j != i:
-                        self.overlap[j][i] += fast[i][j]
-            self._bits = None
-            return
-        for i in range(self.n):
-            for j in range(i, self.n):
-                m = (1 << i) | (1 << j)
-                c = int(torch.count_nonzero(torch.bitwise_and(self._bits, m).eq_(m)))
-                self.overlap[i][j] += c
-                if j != i:
-                    self.overlap[j][i] += c
+                    m = (1 << i) | (1 << j)
+                    pairs[i][j] = int(torch.count_nonzero(torch.bitwise_and(self._bits, m).eq_(m)))
+        self._add_overlap(range(self.n), pairs)
         self._bits = None
 
 

@@ -366,16 +366,23 @@ def mt_stream(seed: int):
 def dare_zero_mt(x, stream: MTStream, p: float) -> bool:
     """x = 0 in place where the stream's next uniform (one per element) is below p, as ``u < p`` in float32 on
     torch.rand's numbers; False when not run (x not float32 CPU contiguous: draw with :meth:`MTStream.uniforms`)."""
-    import math
 
-    import numpy as np
     import torch
 
     if x.dtype != torch.float32 or not _ok(x):
         return False
-    thr = min(1 << 24, math.ceil(float(np.float32(p)) * (1 << 24)))  # exact: float32(p) * 2^24 is a double
-    _mod().dare_zero_mt(_np(x).reshape(-1), stream.mt, stream.pos, thr)
+    _mod().dare_zero_mt(_np(x).reshape(-1), stream.mt, stream.pos, _dare_thr(p))
     return True
+
+
+def _dare_thr(p: float) -> int:
+    """u < p in float32 on torch.rand's numbers <=> the uniform's 24 bits < this (exact: float32(p) * 2^24 is a
+    double)."""
+    import math
+
+    import numpy as np
+
+    return min(1 << 24, math.ceil(float(np.float32(p)) * (1 << 24)))
 
 
 def mark_above(x, thr: float, taken) -> bool:
@@ -451,8 +458,8 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     """Magnitude-pruned task arithmetic (consensus False) or TIES (True) in one pass over every model's chunk,
     each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
     :func:`topk_prune`; bitwise as pruning, accumulating and agreeing model after model. (non-finite count,
-    nonzeros of the result (TIES: of the divisor), ties at each model's threshold, numpy counts of the elements
-    by the set of models that kept them (bit k = model k, 256 patterns)) or None when not run."""
+    nonzeros of the result (TIES: of the divisor), ties at each model's threshold, kept pairs: numpy counts[a][b],
+    a <= b, of the elements both models a and b kept) or None when not run."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
@@ -462,10 +469,10 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     thrs = np.array([s[1] for s in sels], np.float64)
     alls = np.array([bool(s[2]) for s in sels], np.bool_)
     lefts = np.array([s[3] for s in sels], np.int64)
-    bad, nz, ties, hist = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
-                                                np.asarray(weights, np.float64), bool(consensus), bool(normalize),
-                                                _np(out).reshape(-1))
-    return int(bad), int(nz), [int(t) for t in ties], hist
+    bad, nz, ties, pairs = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
+                                                 np.asarray(weights, np.float64), bool(consensus), bool(normalize),
+                                                 _np(out).reshape(-1))
+    return int(bad), int(nz), [int(t) for t in ties], pairs
 
 
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks):
@@ -473,10 +480,8 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
     streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept and
     the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor` and the model-by-model
-    loops. (non-finite count, nonzeros of the result (TIES: of the divisor), counts of the elements by the set
-    of models that kept them) or None when not run; the streams advance only when the count is 0."""
-    import math
-
+    loops. (non-finite count, nonzeros of the result (TIES: of the divisor), kept pairs as topk_merge_raw's) or
+    None when not run; the streams advance only when the count is 0."""
     import numpy as np
     import torch
 
@@ -485,8 +490,7 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
         return None
     n, k = got[0].shape[0], len(raws)
     m = _np(masks).reshape(-1)[: k * n].reshape(k, n)
-    thrs = np.array([min(1 << 24, math.ceil(float(np.float32(p)) * (1 << 24))) if p > 0 else -1 for p in ps],
-                    np.int64)  # u < p in float32 <=> its 24 bits < thr (as dare_zero_mt)
+    thrs = np.array([_dare_thr(p) if p > 0 else -1 for p in ps], np.int64)
     ds = np.array([np.float32(1.0 - p) if p > 0 else 0.0 for p in ps], np.float64)
     mts, poss = np.zeros((k, 624), np.uint32), np.full(k, 624, np.int64)
     for j, st in enumerate(streams):
@@ -494,13 +498,13 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
             mts[j], poss[j] = st.mt, st.pos[0]
     km = _mod()
     km.dare_masks(mts, poss, thrs, m)  # on copies of the states: the streams advance only when the chunk is done
-    bad, nz, hist = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64), bool(consensus),
-                                      bool(normalize), _np(out).reshape(-1))
+    bad, nz, _, pairs = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64), bool(consensus),
+                                          bool(normalize), _np(out).reshape(-1))
     if not bad:
         for j, st in enumerate(streams):
             if st is not None:
                 st.mt[:], st.pos[0] = mts[j], poss[j]
-    return int(bad), int(nz), hist
+    return int(bad), int(nz), pairs
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):

@@ -39,12 +39,6 @@ def _sum_into(total, x, k: int) -> None:
         total.add_(x)
 
 
-def _uint8():
-    import torch
-
-    return torch.uint8
-
-
 def _count(t) -> int:
     import torch
 
@@ -196,7 +190,7 @@ class _Magnitude(Weighted):
         for i, ties in zip(wanted, got[2]):
             for p in range(self.passes):
                 st.topk[i].advance(p, ties)
-        st.count_patterns(wanted, got[3])
+        st.count_pairs(wanted, got[3])
         return 0, out, got[1]
 
 
@@ -236,6 +230,8 @@ class Dare(Weighted):
         """Every model's chunk dropped and rescaled by its own stream and combined in one compiled loop (the
         masks drawn for all models in parallel; DARE-TIES' two passes in one: the second pass's streams are set
         to where the first's are, as redrawing the same numbers would leave them)."""
+        import torch
+
         ps = [1.0 - st.plan.densities[i] for i in wanted]
         streams = [st.dare_stream(i, 0) if p > 0 else None for i, p in zip(wanted, ps)]
         if any(s is None for s, p in zip(streams, ps) if p > 0):
@@ -243,7 +239,7 @@ class Dare(Weighted):
         out = st.acc if self.consensus else st.total
         got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
                                bool(st.plan.options.get("normalize")), out,
-                               st.buf("dare_masks", _uint8(), K.MAX_ONE_PASS * (st.stop - st.start)))  # rows for
+                               st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)))  # rows for
         # the most models a pass takes: the engine's buffers do not depend on the number of models
         if got is None or got[0]:
             return None if got is None else (got[0], out, 0)
@@ -251,7 +247,7 @@ class Dare(Weighted):
             for i, s in zip(wanted, streams):
                 if s is not None:
                     st.dare_stream(i, q).copy_from(s)
-        st.count_patterns(wanted, got[2])
+        st.count_pairs(wanted, got[2])
         return 0, out, got[1]
 
 
