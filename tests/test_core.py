@@ -250,6 +250,25 @@ def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
     assert out.stdout.split() == ["False", "1"]
 
 
+def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole():
+    """The merge and P-step kernels load numba without its probe's import of scipy.linalg (fails if
+    scipy.linalg is loaded by then); scipy.linalg imports as usual afterwards, and a loop calling np.dot (BLAS)
+    still compiles and runs (numba checks for BLAS again then)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    code = ("import sys\n"
+            "from icmltools.core.device import load_numba; numba = load_numba()\n"
+            "import numba.core.cpu, numba.np.arraymath\n"
+            "print('scipy.linalg' in sys.modules, sys.modules.get('scipy.linalg', 0) is None)\n"
+            "import numpy as np, scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))\n"
+            "f = numba.njit(lambda a, b: np.dot(a, b)); print(f(np.ones(3), np.full(3, 2.0)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "5.0", "6.0"]
+
+
 def test_interrupted_resumable_run_keeps_its_work_and_says_where(tmp_path):
     @common.command("ir")
     @click.option("--out", default=None)

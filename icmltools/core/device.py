@@ -96,6 +96,29 @@ def set_threads(n: int | None) -> int | None:
     return n
 
 
+def load_numba():
+    """Import numba for a module of compiled loops, without its BLAS probe's import of scipy.linalg.
+
+    numba's first compile, or first load from its cache, imports its NumPy registries; one of them probes for
+    BLAS by importing scipy.linalg, 0.1-0.3 s of a merge's 1-2 s here, for np.correlate/np.convolve, which our
+    loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those two would
+    use numba's own loop); np.dot and np.linalg check for BLAS again when a loop using them is compiled, and
+    scipy.linalg imports as usual afterwards. Nothing is hidden when scipy.linalg is already loaded (the probe
+    is then free). Raises ImportError when numba does not import."""
+    import sys
+
+    import numba
+
+    if "numba.np.arraymath" not in sys.modules and "scipy.linalg" not in sys.modules:
+        sys.modules["scipy.linalg"] = None  # an import of it raises ImportError while the probe runs
+        try:
+            import numba.np.arraymath  # noqa: F401  (the probe runs at its import)
+        finally:
+            if sys.modules.get("scipy.linalg", 0) is None:
+                del sys.modules["scipy.linalg"]
+    return numba
+
+
 def numba_threads() -> None:
     """Size numba's parallel loops to the count set by :func:`set_threads` (capped by numba's pool), when numba
     is loaded; a module that loads numba later calls this after its import. (Not NUMBA_NUM_THREADS: numba

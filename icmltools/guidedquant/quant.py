@@ -73,6 +73,9 @@ def numba_available() -> bool:
     """Whether the compiled P-step can run: numba imports (a dependency; a numba that does
     not import, e.g. built for another numpy, counts as missing)."""
     try:
+        from icmltools.core.device import load_numba
+
+        load_numba()
         from . import _pstep_numba  # noqa: F401
     except ImportError:
         return False

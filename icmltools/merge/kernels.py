@@ -17,6 +17,9 @@ def _mod():
     if not _state["tried"]:
         _state["tried"] = True
         try:
+            from icmltools.core.device import load_numba
+
+            load_numba()
             from . import _kernels_numba
             _state["mod"] = _kernels_numba
         except ImportError:  # numba missing: the torch path
