@@ -251,22 +251,23 @@ def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
 
 
 def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole():
-    """The merge and P-step kernels load numba without its probe's import of scipy.linalg (fails if
-    scipy.linalg is loaded by then); scipy.linalg imports as usual afterwards, and a loop calling np.dot (BLAS)
-    still compiles and runs (numba checks for BLAS again then)."""
+    """The merge and P-step kernels load numba without its probe's import of scipy.linalg: after a compiled
+    merge loop has run and the P-step's module loaded, through their own seams, scipy.linalg is not loaded (fails
+    with a plain `import numba`); it imports as usual afterwards, and a loop calling np.dot (BLAS) still compiles
+    and runs (numba checks for BLAS again then)."""
     import subprocess
     import sys
 
     pytest.importorskip("numba")
-    code = ("import sys\n"
-            "from icmltools.core.device import load_numba; numba = load_numba()\n"
-            "import numba.core.cpu, numba.np.arraymath\n"
+    code = ("import sys, torch\n"
+            "from icmltools.merge import kernels as K; print(K.count_nonzero(torch.ones(3)))\n"
+            "from icmltools.guidedquant.quant import numba_available; print(numba_available())\n"
             "print('scipy.linalg' in sys.modules, sys.modules.get('scipy.linalg', 0) is None)\n"
-            "import numpy as np, scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))\n"
+            "import numba, numpy as np, scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))\n"
             "f = numba.njit(lambda a, b: np.dot(a, b)); print(f(np.ones(3), np.full(3, 2.0)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "False", "5.0", "6.0"]
+    assert out.stdout.split() == ["3", "True", "False", "False", "5.0", "6.0"]
 
 
 def test_interrupted_resumable_run_keeps_its_work_and_says_where(tmp_path):
