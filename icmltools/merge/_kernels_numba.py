@@ -385,17 +385,19 @@ def _sum_into(total, j, v, first):
 @_pjit
 def accumulate(x, total, w, first, bits, bit):
     """The weighted sum of a pruned chunk: v = x * w (w != 1), total = v (first) or total + v; x is left
-    multiplied (as the torch path's in-place mul_). bits[j] += bit where x != 0 (when bit != 0).
+    multiplied (as the torch path's in-place mul_). bits[j] += bit where x != 0 (when bit != 0; uint8 bits).
     Returns the nonzeros of x before the weighting."""
     c = 0
     scale = w != 1.0
     wf = np.float32(w)
+    b = bits.dtype.type(bit)
+    nil = bits.dtype.type(0)
     for j in prange(x.shape[0]):
         v = x[j]
         nz = v != 0
         c += nz
-        if bit != 0 and nz:
-            bits[j] += bit
+        if bit != 0:
+            bits[j] += b if nz else nil  # branch-free (a branch on nz: 10x slower on sparse chunks)
         if scale:
             v = v * wf
             x[j] = v
@@ -607,8 +609,7 @@ def dare_zero(x, u, p):
     pf = np.float32(p)
     zero = np.float32(0.0)
     for j in prange(x.shape[0]):
-        if u[j] < pf:
-            x[j] = zero
+        x[j] = zero if u[j] < pf else x[j]
 
 # --------------------------------------------------------------------------------------------- DARE's uniforms
 # torch's CPU generator is MT19937 (Matsumoto & Nishimura 1998), seeded with the low 32 bits of the seed as
@@ -724,8 +725,7 @@ def mark_above(x, thr, taken):
     """taken |= |x| > thr (CA-magnitude's scan: the slots model i keeps, whatever was taken before)."""
     t = np.float32(thr)
     for j in prange(x.shape[0]):
-        if abs(x[j]) > t:
-            taken[j] = True
+        taken[j] = taken[j] | (abs(x[j]) > t)  # branch-free: a store under a data-dependent test, 12x slower
 
 @_pjit
 def magmax_add(x, best, first):
@@ -743,11 +743,10 @@ def threshold_prune(x, thr, taken):
     t = np.float32(thr)
     zero = np.float32(0.0)
     for j in prange(x.shape[0]):
-        keep = (abs(x[j]) > t) & (not taken[j])
-        if keep:
-            taken[j] = True
-        else:
-            x[j] = zero
+        tk = taken[j]
+        keep = (abs(x[j]) > t) & (not tk)
+        taken[j] = tk | keep
+        x[j] = x[j] if keep else zero
 
 
 @_pjit
@@ -779,8 +778,7 @@ def mark_above_tau(raw, base, thr, taken):
     """taken |= |tau| > thr with tau = raw - base computed on the fly (CA-magnitude's scan)."""
     t = np.float32(thr)
     for j in prange(raw.shape[0]):
-        if abs(as_f32(raw, j) - as_f32(base, j)) > t:
-            taken[j] = True
+        taken[j] = taken[j] | (abs(as_f32(raw, j) - as_f32(base, j)) > t)
 
 
 # The histograms of tau go block by block: tau's bits for 2048 elements first (a vectorised loop), then the
