@@ -587,3 +587,43 @@ def test_nm_ties_go_to_the_lower_position():
     taken = torch.zeros(16, dtype=torch.bool)
     taken[2] = True
     assert P.nm_mask(x, 3, 8, taken).view(2, 8)[0].nonzero().view(-1).tolist() == [1, 4, 5]
+
+
+@pytest.mark.parametrize("kind", ["normal", "bf16_diff", "small_ints", "zeros", "sparse"])
+def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
+    """The compiled n:m loop (fast path: k distinct maxima; ties at the k-th key; ties above it or fewer free
+    slots: the exact walk; n = m) keeps what the torch path's unique-key top-k keeps, tie-heavy data included,
+    with and without taken slots, padded and dropped tails; its short-block count is the torch path's."""
+    from icmltools.merge import kernels as K
+
+    if not K.available():
+        pytest.skip("numba not installed")
+    g = torch.Generator().manual_seed(11)
+    size = 32 * 61 + 13  # a partial tail block
+    x = torch.randn(size, generator=g)
+    if kind == "bf16_diff":
+        x = x.bfloat16().float() - torch.randn(size, generator=g).bfloat16().float()
+    elif kind == "small_ints":
+        x = torch.randint(-3, 4, (size,), generator=g).float()
+    elif kind == "zeros":
+        x = torch.zeros(size)
+        x[::7] = -0.0
+    elif kind == "sparse":
+        x[torch.rand(size, generator=g) > 0.15] = 0
+    checked = 0
+    for n, m in [(4, 32), (1, 4), (3, 7), (16, 32), (32, 32), (5, 5), (2, 16)]:
+        for frac in (0.0, 0.4, 0.9):
+            taken0 = torch.rand(size, generator=g) < frac
+            for tail in ("pad", "drop"):
+                use = frac > 0
+                short = [0]
+                want = x.masked_fill(~P.nm_mask(x, n, m, taken0 if use else None, tail, short), 0)
+                got, taken = x.clone(), taken0.clone()
+                s = K.nm_prune(got, n, m, taken if use else None, tail == "pad")
+                assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, m, frac, tail)
+                assert s == short[0], (n, m, frac, tail)
+                if use:
+                    kept = P.nm_mask(x, n, m, taken0, tail)
+                    assert torch.equal(taken, taken0 | kept), (n, m, frac, tail)
+                checked += 1
+    assert checked == 7 * 3 * 2

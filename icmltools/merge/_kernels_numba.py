@@ -512,10 +512,11 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     the slots not taken (ties by lower index), zero the rest, mark the kept in `taken`; the last partial block
     keeps its top min(n, r) (`pad_tail`) or nothing. Returns the blocks keeping fewer than min(n, length).
 
-    Each free slot gets the unique key (bits of |x|) * m + (m - 1 - position) (a taken slot -1); the n-th
-    largest key of the block is found by n vectorised max passes, and the free slots with a key at least that
-    are kept: the n largest |x|, ties to the lower position. In pieces of whole
-    blocks, one per thread."""
+    Each free slot gets the key bits(|x|) (int32, ordered as |x|; a taken slot -1). The k-th largest key
+    counted with multiplicity, t, is found by vectorised passes, each taking the largest key below the last
+    maximum and counting that maximum's copies (bf16 task vectors repeat values often: ties cost no extra
+    pass). The keys > t are kept and, of the keys == t, the first by position until k are kept (all of them,
+    the common case, in one branch-free loop). In pieces of whole blocks, one per thread."""
     size = x.shape[0]
     T = _n_pieces(size, m)
     short = np.zeros(T, np.int64)
@@ -529,9 +530,9 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
 def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
     """nm_prune over the blocks in [lo, hi) (lo a multiple of m); returns its short blocks."""
     short = 0
-    keys = np.empty(m, np.int64)
+    keys = np.empty(m, np.int32)
     zero = np.float32(0.0)
-    none = np.int64(-2)
+    none = np.int32(-1)
     for s in range(lo, hi, m):
         e = min(s + m, hi)
         blk, tk = x[s:e], taken[s:e]  # slices: the loops over them vectorise
@@ -540,30 +541,84 @@ def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
             blk[:] = zero
             continue
         k = min(n, L)
-        for j in range(L):
-            b = np.int64(_f32_as_u32(abs(blk[j]))) * m + (m - 1 - j)
-            keys[j] = np.int64(-1) if (use_taken and tk[j]) else b
-        prev = np.int64(9223372036854775807)
-        for _ in range(k):
-            mx = none
+        ks = keys[:L]
+        t = none
+        if use_taken:  # two loops, not a test per element: each vectorises
             for j in range(L):
-                kj = keys[j]
-                c = kj if kj < prev else none
-                mx = c if c > mx else mx
-            prev = mx
-        kept = 0
-        for j in range(L):
-            kj = keys[j]
-            keep = (kj >= prev) & (kj >= 0)
-            kept += keep
-            if keep:
-                if use_taken:
-                    tk[j] = True
+                b = np.int32(_f32_as_u32(abs(blk[j])))
+                b = none if tk[j] else b
+                ks[j] = b
+                t = max(t, b)
+        else:
+            for j in range(L):
+                b = np.int32(_f32_as_u32(abs(blk[j])))
+                ks[j] = b
+                t = max(t, b)
+        t, left, eq = _nm_threshold(ks, k, t)
+        if t < 0:  # no free slot
+            blk[:] = zero
+            short += k > 0
+            continue
+        if left >= eq:  # every copy of t kept
+            q = 0
+            if use_taken:
+                for j in range(L):
+                    keep = ks[j] >= t
+                    q += keep
+                    blk[j] = blk[j] if keep else zero
+                    tk[j] = tk[j] | keep
             else:
-                blk[j] = zero
-        if kept < k:
-            short += 1
+                for j in range(L):
+                    keep = ks[j] >= t
+                    q += keep
+                    blk[j] = blk[j] if keep else zero
+            short += q < k
+        else:
+            _keep_ties(blk, tk, ks, t, left, use_taken)  # keeps exactly k
     return short
+
+
+@_jit
+def _nm_threshold(ks, k, t):
+    """(t, left, eq) for one block's keys `ks` (a taken slot -1) whose maximum is t: t becomes the k-th largest
+    key counted with multiplicity (the smallest free key when fewer than k are free; -1: none free), of whose eq
+    copies the first `left` by position are kept (left >= eq: all). Passes that each take the largest key below
+    the last t and count t's copies; k = len(ks) keeps every free slot without a pass."""
+    none = np.int32(-1)
+    L = ks.shape[0]
+    if k == L:  # every free slot is kept (n >= the block's length)
+        return min(t, np.int32(0)), L, 0
+    above = 0  # keys > t
+    while t >= 0:
+        mx = none
+        eq = 0
+        for j in range(L):
+            kj = ks[j]
+            mx = max(mx, kj if kj < t else none)
+            eq += kj == t
+        if above + eq >= k:  # t is the k-th largest
+            return t, k - above, eq
+        above += eq
+        if mx < 0:  # fewer than k free slots: keep every free one
+            return t, L, eq
+        t = mx
+    return t, L, 0
+
+
+@_jit
+def _keep_ties(blk, tk, ks, t, left, use_taken):
+    """Keep the keys > t and the first `left` keys == t by position (a branch-free running count), zero the
+    rest, taken |= kept."""
+    zero = np.float32(0.0)
+    q = 0
+    for j in range(ks.shape[0]):
+        kj = ks[j]
+        e = kj == t
+        keep = (kj > t) | (e & (q < left))
+        q += e
+        blk[j] = blk[j] if keep else zero
+        if use_taken:
+            tk[j] = tk[j] | keep
 
 
 @_pjit
