@@ -591,9 +591,9 @@ def test_nm_ties_go_to_the_lower_position():
 
 @pytest.mark.parametrize("kind", ["normal", "bf16_diff", "small_ints", "zeros", "sparse"])
 def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
-    """The compiled n:m loop (fast path: k distinct maxima; ties at the k-th key; ties above it or fewer free
-    slots: the exact walk; n = m) keeps what the torch path's unique-key top-k keeps, tie-heavy data included,
-    with and without taken slots, padded and dropped tails; its short-block count is the torch path's."""
+    """The compiled n:m loop (every copy of the k-th key kept; only its first copies kept; fewer than k free
+    slots; none free; n = m without passes) keeps what the torch path's unique-key top-k keeps, tie-heavy data
+    included, with and without taken slots, padded and dropped tails; its short-block count is the torch path's."""
     from icmltools.merge import kernels as K
 
     if not K.available():
