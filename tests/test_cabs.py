@@ -411,11 +411,12 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
         "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
         "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
         "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n")
-    res = _cli(["--config", "t.yml", "--exclude", "h.*", "--out", "t"], tmp_path, monkeypatch, d)
+    res = _cli(["--config", "t.yml", "--exclude", "h.*", "--exclude", "lm_head.*", "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
     assert r["method"] == "ties" and [m["density"] for m in r["models"]] == [0.5, 0.5]
     assert r["excluded"] == ["h.weight"]
+    assert r["warnings"] == ["exclude glob 'lm_head.*' matches no tensor name of in/base.safetensors"]
     assert r["overlap"]["max_pairwise"] > 0
 
 
@@ -439,6 +440,10 @@ BAD_INPUTS = [
     pytest.param([*B, *M2, "--nm-for", "2=4:32", "--out", "r"], 2, "--nm-for: '2=4:32'", id="nm-for index"),
     pytest.param([*B, *M2, "--lam", "1,2,3", "--out", "r"], 2, "--lam: 3 lambdas for 2 models", id="lam count"),
     pytest.param([*B, *M2, "--lam", "nan", "--out", "r"], 2, "finite", id="lam nan"),
+    pytest.param([*B, *M2, "--include", "zzz*", "--out", "r"], 2,
+                 "--include: the filters leave none of the", id="include matches nothing"),
+    pytest.param([*B, *M2, "--exclude", "a.*", "--exclude", "*", "--out", "r"], 2,
+                 "--exclude: the filters leave none of the", id="exclude everything"),
     pytest.param([*B, *M2, "--lam", "1e39", "--out", "r"], 1, "not finite", id="lam overflows"),
     pytest.param([*B, "--models", "in/m0.safetensors,in/base.safetensors", "--out", "r"], 2, "is the base itself",
                  id="base as model"),

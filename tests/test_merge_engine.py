@@ -278,6 +278,22 @@ def test_filters_copy_excluded_tensors_from_the_base():
     assert sorted(stats.excluded) == ["b", "d", "emb"]
 
 
+def test_filters_checked_against_the_base_names_before_merging():
+    """A glob that matches no tensor name is a warning; filters that leave no floating-point tensor are refused
+    (an integer tensor matching does not count)."""
+    base, models = _models(n=2)
+    rb, rms = MemoryReader(base, name="base"), [MemoryReader(m) for m in models]
+    plan = E.make_plan("task_arithmetic", 2, include=("w", "x*", "e?b"), exclude=("emb", "emb$", "steps"))
+    assert E.open_and_check(rb, rms, plan) == ["include glob 'x*' matches no tensor name of base",
+                                                "exclude glob 'emb$' matches no tensor name of base"]
+    assert E.open_and_check(rb, rms, E.make_plan("task_arithmetic", 2)) == []
+    for kw, param in (({"include": ("zzz*", "steps")}, "include"), ({"exclude": ("*",)}, "exclude"),
+                      ({"include": ("w", "emb"), "exclude": ("[we]*",)}, "include")):
+        with pytest.raises(BadInputError, match=r"the filters leave none of the 4 floating-point tensors of base") as ei:
+            E.open_and_check(rb, rms, E.make_plan("task_arithmetic", 2, **kw))
+        assert ei.value.param == param
+
+
 # --------------------------------------------------------------------------------------------- failures
 
 

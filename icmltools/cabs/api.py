@@ -182,7 +182,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
                        chunk_elems=CHUNK_ELEMS if chunk_elems is None else chunk_elems, options=options)
     b = open_checkpoint(base)
     ms = [open_checkpoint(m) for m in models]
-    E.open_and_check(b, ms, plan)
+    warnings += E.open_and_check(b, ms, plan)
     return FileJob(b, ms, plan, method, nms, lams, tail, resolve_output_format(b, out_format), warnings,
                    dict(source or {}), grid, eval_cmd, eval_timeout)
 

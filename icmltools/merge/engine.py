@@ -606,14 +606,25 @@ def check_output(t, name: str, lam: float, tainted: bool = False, param: str | N
                          "(lambda too large for the dtype?); nothing written", param=param)
 
 
-def open_and_check(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan) -> None:
-    """Keys, shapes and dtypes of every model against the base, before any arithmetic."""
+def open_and_check(base: CheckpointReader, models: Sequence[CheckpointReader], plan: Plan) -> list[str]:
+    """Keys, shapes and dtypes of every model against the base, before any arithmetic; the plan's name filters
+    against the base's tensors: filters that leave no floating-point tensor to merge are refused (the output
+    would be the base), and each glob that matches no tensor name is returned as a warning (a typo in a filter
+    otherwise merges, or keeps, what the user meant to leave out)."""
     if len(models) != plan.n_models:
         raise BadInputError(f"the plan is for {plan.n_models} models, got {len(models)}", param="models")
     for c in models:
         check_compatible(base, c)
-    if not any(is_float_dtype(s.dtype) for s in base.specs.values()):
+    floats = [n for n, s in base.specs.items() if is_float_dtype(s.dtype)]
+    if not floats:
         raise BadInputError(f"{base.path}: no floating-point tensor to merge")
+    if not any(plan.selected(n) for n in floats):
+        raise BadInputError(f"the filters leave none of the {len(floats)} floating-point tensors of {base.path} to "
+                            f"merge (include {list(plan.include)}, exclude {list(plan.exclude)})",
+                            param="include" if plan.include else "exclude")
+    return [f"{kind} glob {g!r} matches no tensor name of {base.path}"
+            for kind, globs in (("include", plan.include), ("exclude", plan.exclude)) for g in globs
+            if not any(fnmatch.fnmatchcase(n, g) for n in base.specs)]
 
 
 # --------------------------------------------------------------------------------------------- statistics
