@@ -21,7 +21,7 @@ EPILOG = """Examples:
 """
 
 # library parameter -> flag, where the names differ
-PARAM_FLAGS = {"out_format": "--format", "weights": "--lam", "model_options": "--nm", "densities": "--nm",
+PARAM_FLAGS = {"out_format": "--format", "out_dtype": "--dtype", "weights": "--lam", "model_options": "--nm", "densities": "--nm",
                "options": "--config"}
 DC = options.DemoConfig
 
@@ -32,7 +32,7 @@ DC = options.DemoConfig
                                         "Alternative to --models.",
                             base_help="Base checkpoint theta_0: .safetensors, a weights-only torch file, or a Hugging "
                                       "Face folder (sharded or not). Without it (and without --config) the embedded "
-                                      "demo runs.", filters=True, chunk=True)
+                                      "demo runs.", filters=True, chunk=True, out_dtype=True)
 @click.option("--models", "models_csv", default=None, metavar="M1,M2,..",
               help="Fine-tuned checkpoints, comma-separated; their order is the pruning order.")
 @click.option("--config", type=click.Path(exists=False, dir_okay=False), default=None,
@@ -66,9 +66,9 @@ DC = options.DemoConfig
 @common.out_option()
 @common.standard_options(seed=True, device=True, threads=True)
 @click.pass_context
-def cli(ctx, base, model_list, include, exclude, out_format, chunk_elems, models_csv, config, method, nm, nm_for, lam,
-        lam_grid, eval_cmd, eval_timeout, tail, allow_non_finite, methods, n_seeds, seed, device, threads, quiet, verbose,
-        out):
+def cli(ctx, base, model_list, include, exclude, out_format, out_dtype, chunk_elems, models_csv, config, method, nm,
+        nm_for, lam, lam_grid, eval_cmd, eval_timeout, tail, allow_non_finite, methods, n_seeds, seed, device, threads,
+        quiet, verbose, out):
     """Merge fine-tuned models with CABS (Yang et al., ICML 2025) or a baseline, on the shared merge engine.
 
     Each task vector tau_k = theta_k - theta_0 keeps the n largest magnitudes of every block of m
@@ -85,15 +85,17 @@ def cli(ctx, base, model_list, include, exclude, out_format, chunk_elems, models
             _demo(run, methods, nm, tail, n_seeds, out)
         else:
             _files(run, base, models, config, dict(method=method, nm=nm, nm_for=nm_for, lam=lam, tail=tail,
-                                                   out_format=out_format, chunk_elems=chunk_elems, include=include,
+                                                   out_format=out_format, out_dtype=out_dtype,
+                                                   chunk_elems=chunk_elems, include=include,
                                                    exclude=exclude, seed=seed, lam_grid=lam_grid, eval_cmd=eval_cmd,
                                                    eval_timeout=eval_timeout), out, allow_non_finite)
 
 
-FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "include", "exclude", "out_format", "chunk_elems",
+FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "include", "exclude", "out_format", "out_dtype",
+             "chunk_elems",
              "allow_non_finite", "lam_grid", "eval_cmd", "eval_timeout")
 DEMO_ONLY = ("methods", "n_seeds")
-NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam")
+NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam", "out_dtype")
 
 
 def _given(ctx) -> list:

@@ -322,6 +322,8 @@ def ckpts(tmp_path_factory):
 
     torch.save({"a.weight": _Evil()}, d / "evil.pt")
     (d / "unknown.yml").write_text("merge_method: slerp\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n")
+    (d / "dtype.yml").write_text("merge_method: ties\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n"
+                                 "dtype: int8\n")
     (d / "field.yml").write_text("merge_method: ties\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n"
                                  "tokenizer_source: union\n")
     (d / "param.yml").write_text("merge_method: cabs\nbase_model: base.safetensors\n"
@@ -395,11 +397,13 @@ def test_cli_config_equals_flags(ckpts, tmp_path, monkeypatch):
     assert res.exit_code == 0, res.stderr
     a = json.loads(res.stdout)["result"]
     res = _cli(["--base", "in/base.safetensors", "-m", "in/m1.safetensors", "-m", "in/m0.safetensors",
-                "--nm", "4:32", "--nm-for", "1=8:32", "--lam", "0.4,0.6", "--out", "b"], tmp_path, monkeypatch, d)
+                "--nm", "4:32", "--nm-for", "1=8:32", "--lam", "0.4,0.6", "--dtype", "float32", "--out", "b"],
+               tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     b = json.loads(res.stdout)["result"]
-    assert a["warnings"] and "dtype" in a["warnings"][0]
+    assert a["warnings"] == [] and a["output_dtype"] == b["output_dtype"] == "float32"   # the config's dtype: float32
     fa, fb = _load(a["output"]), _load(b["output"])
+    assert fa["h.weight"].dtype == torch.float32 and fa["steps"].dtype == torch.int64   # the bf16 tensor written as f32
     assert all(torch.equal(fa[k], fb[k]) for k in fa)
 
 
@@ -410,13 +414,16 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
     (tmp_path / "t.yml").write_text(
         "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
         "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
-        "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n")
+        "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n"
+        "dtype: float32\nout_dtype: torch.bfloat16\n")   # mergekit writes out_dtype when both are set
     res = _cli(["--config", "t.yml", "--exclude", "h.*", "--exclude", "lm_head.*", "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
     assert r["method"] == "ties" and [m["density"] for m in r["models"]] == [0.5, 0.5]
     assert r["excluded"] == ["h.weight"]
     assert r["warnings"] == ["exclude glob 'lm_head.*' matches no tensor name of in/base.safetensors"]
+    out = _load(r["output"])
+    assert r["output_dtype"] == "bfloat16" and out["a.weight"].dtype == torch.bfloat16 and out["steps"].dtype == torch.int64
     assert r["overlap"]["max_pairwise"] > 0
 
 
@@ -440,6 +447,7 @@ BAD_INPUTS = [
     pytest.param([*B, *M2, "--nm-for", "2=4:32", "--out", "r"], 2, "--nm-for: '2=4:32'", id="nm-for index"),
     pytest.param([*B, *M2, "--lam", "1,2,3", "--out", "r"], 2, "--lam: 3 lambdas for 2 models", id="lam count"),
     pytest.param([*B, *M2, "--lam", "nan", "--out", "r"], 2, "finite", id="lam nan"),
+    pytest.param([*B, *M2, "--dtype", "int8", "--out", "r"], 2, "'int8' is not one of", id="dtype unknown"),
     pytest.param([*B, *M2, "--include", "zzz*", "--out", "r"], 2,
                  "--include: the filters leave none of the", id="include matches nothing"),
     pytest.param([*B, *M2, "--exclude", "a.*", "--exclude", "*", "--out", "r"], 2,
@@ -458,6 +466,10 @@ BAD_INPUTS = [
                  id="config parameter"),
     pytest.param(["--config", "in/missing.yml"], 2, "no such file", id="config missing"),
     pytest.param(["--config", "in/unknown.yml", "--lam", "1"], 2, "--lam does not go with --config", id="config+lam"),
+    pytest.param(["--config", "in/dtype.yml", "--out", "r"], 2, "dtype: 'int8' is not supported (use float32, float16, "
+                 "bfloat16)", id="config dtype"),
+    pytest.param(["--config", "in/unknown.yml", "--dtype", "float16"], 2, "--dtype does not go with --config",
+                 id="config+dtype"),
     pytest.param([*M2], 2, "--models applies to merges of your checkpoints only", id="models without base"),
     pytest.param([*B], 2, "give the fine-tuned checkpoints", id="base without models"),
     pytest.param([*B, *M2, "--n-seeds", "2"], 2, "--n-seeds applies to the embedded demo only", id="demo option"),
@@ -495,11 +507,13 @@ def test_lambda_grid_with_eval_cmd(ckpts, tmp_path, monkeypatch):
     full = json.loads(res.stdout)["result"]
     dev1 = float((_load(full["output"])["a.weight"] - base["a.weight"]).abs().sum())
     cmd = f"{sys.executable} ev.py {{checkpoint}} in/base.safetensors {dev1}"
-    res = _cli([*B, *M2, "--lam-grid", "0.25,0.5,1", "--eval-cmd", cmd, "--out", "g"], tmp_path, monkeypatch, d)
+    res = _cli([*B, *M2, "--lam-grid", "0.25,0.5,1", "--eval-cmd", cmd, "--dtype", "float32", "--out", "g"], tmp_path,
+               monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
     assert r["lambda_search"]["selected_scale"] == 0.5 and len(r["lambda_search"]["rows"]) == 3
     out = _load(r["output"])
+    assert out["h.weight"].dtype == torch.float32 and out["steps"].dtype == torch.int64  # --dtype on the search path
     assert torch.allclose(out["a.weight"] - base["a.weight"], 0.5 * (_load(full["output"])["a.weight"] - base["a.weight"]),
                           atol=1e-6)
     assert not (tmp_path / "g" / ".lambda_grid").exists()

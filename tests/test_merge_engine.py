@@ -416,6 +416,13 @@ def test_output_dtype_casts_float_tensors_once(tmp_path):
     with pytest.raises(BadInputError, match="unknown output dtype"):
         E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models],
                               E.make_plan("task_arithmetic", 2), 1.0, tmp_path / "x.safetensors", out_dtype="int8")
+    # the lambda search's writer (the merged vector applied at a scale) casts the same way: bitwise equal
+    tau, _ = E.merged_task_vector(MemoryReader(base), [MemoryReader(m) for m in models], E.make_plan("task_arithmetic", 2))
+    q = tmp_path / "a.safetensors"
+    E.apply_task_vector(MemoryReader(base), tau, 1.0, q, sign=1, out_dtype="bfloat16")
+    applied = _load(q)
+    assert {k: v.dtype for k, v in applied.items()} == {k: v.dtype for k, v in got.items()}
+    assert all(torch.equal(applied[k], got[k]) for k in got)
 
 
 def test_shared_file_options_keep_per_model_repeats():

@@ -133,10 +133,12 @@ class FileJob:
     lam_grid: list | None = None
     eval_cmd: str | None = None
     eval_timeout: float | None = None
+    out_dtype: str = "same"
 
     def config(self) -> dict:
         return {"method": self.method, "base": str(self.base.path), "models": [str(m.path) for m in self.models],
                 "nm": [f"{n}:{m}" for n, m in self.nms], "lam": self.lams, "tail": self.tail, "format": self.fmt,
+                "dtype": self.out_dtype,
                 "plan": self.plan.describe(), "lam_grid": self.lam_grid, "eval_cmd": self.eval_cmd, **self.source}
 
 
@@ -153,12 +155,13 @@ def _lams(lam: Sequence[float], k: int) -> list[float]:
 def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm: str = "auto",
                   nm_for: Sequence[str] = (), lam: Sequence[float] = (1.0,), tail: str = "pad",
                   out_format: str = "same", chunk_elems: int | None = None, include: Sequence[str] = (),
-                  exclude: Sequence[str] = (),
+                  exclude: Sequence[str] = (), out_dtype: str = "same",
                   seed: int = 0, densities: Sequence[float] | None = None, options: dict | None = None,
                   source: dict | None = None, lam_grid: str | None = None, eval_cmd: str | None = None,
                   eval_timeout: float | None = None) -> FileJob:
     """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
-    The order of `models` is the pruning order. NaN/inf task-vector values are refused as the merge streams."""
+    The order of `models` is the pruning order; `out_dtype` names the floating tensors' output dtype ("same":
+    each keeps its own; the merge computes in float32 either way). NaN/inf task-vector values are refused as the merge streams."""
     from icmltools.merge import engine as E
     from icmltools.merge.options import CHUNK_ELEMS
     from icmltools.taskvec import open_checkpoint, resolve_output_format
@@ -175,6 +178,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
     P.check_tail(tail)
     lams = _lams(lam, k)
     grid = _grid(lam_grid, eval_cmd, eval_timeout)
+    E.output_dtype(out_dtype)  # an unknown name fails before anything is opened
     warnings = []
     if method in ("cabs", "ca_magnitude") and (w := P.overfull_warning(nms)):
         warnings.append(w)
@@ -184,7 +188,7 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
     ms = [open_checkpoint(m) for m in models]
     warnings += E.open_and_check(b, ms, plan)
     return FileJob(b, ms, plan, method, nms, lams, tail, resolve_output_format(b, out_format), warnings,
-                   dict(source or {}), grid, eval_cmd, eval_timeout)
+                   dict(source or {}), grid, eval_cmd, eval_timeout, out_dtype or "same")
 
 
 def _grid(lam_grid: str | None, eval_cmd: str | None, eval_timeout: float | None) -> list | None:
@@ -236,13 +240,14 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
 
     out_path = Path(out_dir) / default_output_name(job.base, job.fmt)
     record = {"tool": "icml cabs-merge", "method": job.method, "order": [str(m.path) for m in job.models],
-              "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail,
+              "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail, "dtype": job.out_dtype,
               "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
     t0 = time.perf_counter()
     search = None
     if job.lam_grid is None:
         stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
-                                      record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite)
+                                      record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite,
+                                      out_dtype=job.out_dtype)
     else:
         stats, search = _search(job, out_dir, out_path, record, device, progress, allow_non_finite)
     seconds = time.perf_counter() - t0
@@ -256,7 +261,7 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
             "models": _model_rows(job, s, short), "overlap": s.get("overlap"), "tensor_density": tensor_density,
             "kept_fraction": s["kept_fraction"], "non_finite_inputs": s["non_finite_inputs"], "skipped_non_float": s["skipped_non_float"],
             "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
-            "output_format": job.fmt, "bytes_read": s["bytes_read"], "seconds": seconds,
+            "output_format": job.fmt, "output_dtype": job.out_dtype, "bytes_read": s["bytes_read"], "seconds": seconds,
             "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "kernels": s["kernels"],
             "peak_rss_gb": _peak_rss_gb(),
             "lambda_search": search,
@@ -275,9 +280,10 @@ def _search(job: FileJob, out_dir, out_path, record: dict, device: str, progress
     rows, sel = MS.search_files(job.base, tau, job.lam_grid, evaluator, out_dir, fmt=job.fmt, sign=1, skip_zero=True,
                                 rule=lambda r: MS.select_max(r, "score"), progress=progress,
                                 record=lambda s_: {**record, "scale": s_}, tainted=stats.non_finite_tensors,
-                                out_name=out_path.name)
+                                out_name=out_path.name, out_dtype=job.out_dtype)
     E.apply_task_vector(job.base, tau, sel.lam, out_path, fmt=job.fmt, record={**record, "scale": sel.lam},
-                        tainted=stats.non_finite_tensors, param="lam_grid", sign=1, skip_zero=True)
+                        tainted=stats.non_finite_tensors, param="lam_grid", sign=1, skip_zero=True,
+                        out_dtype=job.out_dtype)
     return stats, {"grid": list(job.lam_grid), "rows": rows, "selected_scale": sel.lam, "eval_cmd": job.eval_cmd,
                    "rule": "largest score; theta = theta_0 + scale * sum_k lam_k * pruned_k"}
 
@@ -302,7 +308,7 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
                         out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
                         options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
-                        include=include, exclude=exclude,
+                        include=include, exclude=exclude, out_dtype=cfg.out_dtype,
                         source={"file": str(path), "merge_method": cfg.mergekit_method})
     job.warnings.extend(cfg.warnings)
     return job

@@ -4,8 +4,9 @@ Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (ea
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
 ``normalize``, ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only); a density
-left unset is mergekit's 1.0) and ``dtype`` (accepted only as documentation: the output keeps the base's
-dtypes, a warning says so). Anything else (``slices``, ``tokenizer_source``, an unknown method or
+left unset is mergekit's 1.0), ``dtype`` and ``out_dtype`` (the output dtype of the floating tensors:
+``out_dtype`` if set, else ``dtype``, as mergekit writes them; the merge itself computes in float32, where
+mergekit computes in ``dtype``). Anything else (``slices``, ``tokenizer_source``, an unknown method or
 parameter) is refused in one line naming it: a silently ignored field would merge something else than the
 file asks for.
 """
@@ -20,7 +21,8 @@ from icmltools.core.errors import BadInputError
 METHODS = {"cabs": "cabs", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_linear": "dare",
            "dare_ties": "dare_ties", "breadcrumbs": "breadcrumbs"}
 CABS_FALLBACK_NM = (1, 4)   # the authors' mergekit method when neither n_m_ratio nor default_n_m_ratio is set
-TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype"}
+TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype"}
+DTYPES = ("float32", "float16", "bfloat16")   # mergekit's names (a "torch." prefix allowed, as mergekit does)
 MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
@@ -43,6 +45,7 @@ class MergekitConfig:
     nms: list                             # cabs: per model (n, m)
     params: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
+    out_dtype: str = "same"               # out_dtype, else dtype, else each tensor keeps its own
 
 
 def _fail(path, msg: str):
@@ -159,6 +162,15 @@ def read_config(path) -> MergekitConfig:
                          models=[_resolve(path, refs[i]) for i in order], weights=[per[i]["weight"] for i in order],
                          densities=[per[i]["density"] for i in order],
                          nms=[per[i]["nm"] or default_nm or CABS_FALLBACK_NM for i in order], params=params)
-    if "dtype" in doc:
-        cfg.warnings.append(f"dtype: {doc['dtype']!r} ignored: the output keeps the base's dtypes")
+    for key in ("out_dtype", "dtype"):
+        if doc.get(key) is not None:
+            cfg.out_dtype = _dtype(path, key, doc[key])
+            break
     return cfg
+
+
+def _dtype(path, key: str, value) -> str:
+    name = value[len("torch."):] if isinstance(value, str) and value.startswith("torch.") else value
+    if name not in DTYPES:
+        _fail(path, f"{key}: {value!r} is not supported (use {', '.join(DTYPES)})")
+    return name

@@ -1103,26 +1103,31 @@ def merge_tensor(taus: Sequence, plan: Plan, name: str = "t"):
     return tau[name].to(t0.device), stats.per_tensor[name][1]
 
 
-def negate_into(b, tau, lam: float, name: str = "", tainted: bool = False, param: str | None = "lam", sign: int = -1):
+def negate_into(b, tau, lam: float, name: str = "", tainted: bool = False, param: str | None = "lam", sign: int = -1,
+                dtype=None):
     """theta = theta_0 + sign * lambda * tau (sign -1: task negation, NegMerge Sec. 3; Ilharco et al. 2023) in
-    the compute dtype, cast back to the base's dtype on the CPU; a non-finite result raises."""
+    the compute dtype, cast once to `dtype` (default: the base's) on the CPU; a non-finite result raises."""
+    dtype = b.dtype if dtype is None else dtype
     if tau is None:
-        return b
+        return b.to(dtype)
     bd = b.to(device=tau.device, dtype=tau.dtype)
-    out = ((bd - lam * tau) if sign < 0 else (bd + lam * tau)).to(device="cpu", dtype=b.dtype)
+    out = ((bd - lam * tau) if sign < 0 else (bd + lam * tau)).to(device="cpu", dtype=dtype)
     check_output(out, name, lam, tainted, param, sign)
     return out
 
 
 def apply_task_vector(base: CheckpointReader, tau: dict, lam: float, out_path, fmt: str = "same",
                       record: dict | None = None, tainted: Sequence[str] = (), param: str | None = "lam",
-                      sign: int = -1, skip_zero: bool = False) -> None:
-    """Write theta_0 + sign * lam * tau tensor by tensor, atomically (tensors without a tau are the base's)."""
-    with CheckpointWriter(base, out_path, fmt=fmt, record=record) as w:
+                      sign: int = -1, skip_zero: bool = False, out_dtype: str | None = None) -> None:
+    """Write theta_0 + sign * lam * tau tensor by tensor, atomically (tensors without a tau are the base's; the
+    floating tensors in `out_dtype` when it names one, as merge_to_checkpoint)."""
+    dt = output_dtype(out_dtype)
+    target = base if dt is None else RetypedReader(base, dt)
+    with CheckpointWriter(target, out_path, fmt=fmt, record=record) as w:
         for name in w.order:
             b = base.get(name)
             t = None if (skip_zero and lam == 0) else tau.get(name)
-            w.write(name, negate_into(b, t, lam, name, name in tainted, param, sign))
+            w.write(name, negate_into(b, t, lam, name, name in tainted, param, sign, target.specs[name].dtype))
 
 
 def apply_to_state_dict(base_sd: dict, tau: dict, lam: float, param: str | None = None, sign: int = -1) -> dict:

@@ -120,9 +120,9 @@ def select_max(rows: Sequence[dict], key: str = "score") -> Selection:
 def search_files(base, tau: dict, grid: Sequence[float], evaluate: Callable, work_dir, *, fmt: str = "same",
                  record: Callable[[float], dict] | None = None, tainted=(), sign: int = -1, skip_zero: bool = False,
                  at_zero: dict | None = None, rule: Callable[[list], Selection], progress: Callable | None = None,
-                 patience: Callable[[dict], bool] | None = None, out_name: str = "merged"):
+                 patience: Callable[[dict], bool] | None = None, out_name: str = "merged", out_dtype: str | None = None):
     """Search lambda over `grid` on checkpoints: for each lambda, theta_0 + sign * lambda * tau is written (in
-    `fmt`) to a temporary path under `work_dir`, `evaluate(path, label)` scores it, the file is deleted; `at_zero`
+    `fmt`, floating tensors in `out_dtype` if given) to a temporary path under `work_dir`, `evaluate(path, label)` scores it, the file is deleted; `at_zero`
     (the base's scores, when known) stands for lambda = 0. `rule(rows)` picks the lambda; `patience(row)` says
     whether to stop after a row. Returns (rows, Selection); the temporary folder is removed in every case."""
     import shutil
@@ -138,7 +138,7 @@ def search_files(base, tau: dict, grid: Sequence[float], evaluate: Callable, wor
         p = grid_dir / out_name
         try:
             apply_task_vector(base, tau, lam, p, fmt=fmt, record=record(lam) if record else None,
-                              tainted=tainted, param="lam_grid", sign=sign, skip_zero=skip_zero)
+                              tainted=tainted, param="lam_grid", sign=sign, skip_zero=skip_zero, out_dtype=out_dtype)
             return evaluate(p, label=f"the checkpoint for lambda = {lam:g}")
         finally:
             _remove_checkpoint(p)
