@@ -492,6 +492,30 @@ def test_bad_inputs(argv, code, msg, ckpts, tmp_path, monkeypatch, check_bad_inp
     assert not (tmp_path / "r").exists()
 
 
+def test_dtype_on_hf_folders_is_named_in_config_json(ckpts, tmp_path, monkeypatch):
+    """--dtype on a Hugging Face folder: config.json's torch_dtype names the output dtype (as mergekit writes it),
+    its other keys and the other small files unchanged; without --dtype config.json is copied byte for byte."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    d, _, _ = ckpts
+    shutil.copytree(d / "base_hf", tmp_path / "hfb")
+    cfg = {"model_type": "llama", "torch_dtype": "float32", "hidden_size": 64}
+    (tmp_path / "hfb" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "hfb" / "tokenizer_config.json").write_text('{"a": 1}')
+    outs = {}
+    for name, extra in (("bf", ["--dtype", "bfloat16"]), ("same", [])):
+        res = _cli(["--base", "hfb", "-m", "in/m0_hf", "-m", "in/m1_hf", *extra, "--out", name], tmp_path, monkeypatch, d)
+        assert res.exit_code == 0, res.stderr
+        outs[name] = Path(json.loads(res.stdout)["result"]["output"])
+    assert json.loads((outs["bf"] / "config.json").read_text()) == {**cfg, "torch_dtype": "bfloat16"}
+    assert _load(outs["bf"])["a.weight"].dtype == torch.bfloat16
+    assert (outs["same"] / "config.json").read_bytes() == (tmp_path / "hfb" / "config.json").read_bytes()
+    for o in outs.values():
+        assert (o / "tokenizer_config.json").read_text() == '{"a": 1}'
+
+
 def test_lambda_grid_with_eval_cmd(ckpts, tmp_path, monkeypatch):
     """The user's command scores each scale; the best one is written (here: the score prefers scale 0.5)."""
     import json

@@ -415,3 +415,23 @@ def test_write_behind_interrupt_leaves_nothing(tmp_path):
             w.write(w.order[0], sd[w.order[0]])
             raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_retyped_config_names_the_output_dtype(tmp_path):
+    """config.json of a retyped HF output: the dtype keys present (transformers 5's `dtype`, older `torch_dtype`)
+    name the output dtype, `torch_dtype` added when neither is there; a config that is not a JSON object is copied."""
+    import json
+
+    from icmltools.taskvec.writers import _retyped_config
+
+    cases = [({"dtype": "float32", "x": 1}, {"dtype": "bfloat16", "x": 1}),
+             ({"torch_dtype": "float32", "dtype": "float32"}, {"torch_dtype": "bfloat16", "dtype": "bfloat16"}),
+             ({"x": [1]}, {"x": [1], "torch_dtype": "bfloat16"})]
+    for i, (src, want) in enumerate(cases):
+        (tmp_path / f"c{i}.json").write_text(json.dumps(src))
+        _retyped_config(tmp_path / f"c{i}.json", tmp_path / f"o{i}.json", torch.bfloat16)
+        assert json.loads((tmp_path / f"o{i}.json").read_text()) == want
+    for i, raw in enumerate(("[1, 2]", "not json")):
+        (tmp_path / f"b{i}.json").write_text(raw)
+        _retyped_config(tmp_path / f"b{i}.json", tmp_path / f"p{i}.json", torch.float16)
+        assert (tmp_path / f"p{i}.json").read_text() == raw

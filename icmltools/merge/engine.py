@@ -1020,6 +1020,7 @@ class RetypedReader(CheckpointReader):
         self.format, self.shards, self.file_metadata = inner.format, inner.shards, inner.file_metadata
         self.index_metadata = getattr(inner, "index_metadata", {})
         self.inner = inner
+        self.float_dtype = dtype  # the writer names it in a Hugging Face folder's config.json
         self.specs = {k: TensorSpec(k, dtype if is_float_dtype(s.dtype) else s.dtype, s.shape)
                       for k, s in inner.specs.items()}
 

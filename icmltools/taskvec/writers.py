@@ -362,7 +362,10 @@ class CheckpointWriter:
             skip = {ST_INDEX, PT_INDEX} | {f for f, _ in base.shards}
             for item in sorted(base.path.iterdir()):
                 if item.is_file() and item.name not in skip and not item.name.endswith((".safetensors", ".bin", ".pt", ".pth")):
-                    shutil.copy2(item, self.tmpdir / item.name)
+                    if item.name == "config.json" and getattr(base, "float_dtype", None) is not None:
+                        _retyped_config(item, self.tmpdir / item.name, base.float_dtype)
+                    else:
+                        shutil.copy2(item, self.tmpdir / item.name)
         if len(self.layout) > 1:
             index_name = ST_INDEX if self.fmt == "hf_safetensors" else PT_INDEX
             total = sum(base.specs[n].nbytes for _, names in self.layout for n in names)
@@ -371,6 +374,23 @@ class CheckpointWriter:
             doc = {"metadata": meta, "weight_map": {n: f for f, names in self.layout for n in names}}
             atomic_write_json(self.tmpdir / index_name, doc)
         atomic_write_json(self.tmpdir / RECORD_IN_FOLDER, self.record)
+
+
+def _retyped_config(src: Path, dst: Path, dtype) -> None:
+    """The base's Hugging Face config.json with its dtype entry (``torch_dtype``, or transformers 5's ``dtype``;
+    ``torch_dtype`` added if it has neither) naming the output's float dtype, as mergekit writes it; a config that
+    is not a JSON object is copied as is."""
+    try:
+        doc = json.loads(src.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    if not isinstance(doc, dict):
+        shutil.copy2(src, dst)
+        return
+    name = str(dtype).removeprefix("torch.")
+    keys = [k for k in ("torch_dtype", "dtype") if k in doc] or ["torch_dtype"]
+    doc.update({k: name for k in keys})
+    dst.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
 class WriteBehind:
