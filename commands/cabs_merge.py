@@ -92,8 +92,7 @@ def cli(ctx, base, model_list, include, exclude, out_format, out_dtype, chunk_el
 
 
 FILE_ONLY = ("models_csv", "model_list", "method", "nm_for", "lam", "include", "exclude", "out_format", "out_dtype",
-             "chunk_elems",
-             "allow_non_finite", "lam_grid", "eval_cmd", "eval_timeout")
+             "chunk_elems", "allow_non_finite", "lam_grid", "eval_cmd", "eval_timeout")
 DEMO_ONLY = ("methods", "n_seeds")
 NOT_WITH_CONFIG = ("base", "models_csv", "model_list", "method", "nm", "nm_for", "lam", "out_dtype")
 

@@ -16,7 +16,7 @@ from icmltools.taskvec.formats import OUTPUT_FORMATS
 from . import common
 
 FORMATS = ("same",) + OUTPUT_FORMATS
-DTYPES = ("same", "float32", "float16", "bfloat16")
+DTYPES = ("same", *engine_options.OUT_DTYPES)
 BASE_HELP = "Base checkpoint theta_0: .safetensors, a weights-only torch file (.pt/.pth/.bin), or a Hugging Face folder."
 
 

@@ -161,7 +161,8 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
                   eval_timeout: float | None = None) -> FileJob:
     """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
     The order of `models` is the pruning order; `out_dtype` names the floating tensors' output dtype ("same":
-    each keeps its own; the merge computes in float32 either way). NaN/inf task-vector values are refused as the merge streams."""
+    each keeps its own; the merge computes in float32 either way). NaN/inf task-vector values are refused as the
+    merge streams."""
     from icmltools.merge import engine as E
     from icmltools.merge.options import CHUNK_ELEMS
     from icmltools.taskvec import open_checkpoint, resolve_output_format

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
+from icmltools.merge.options import OUT_DTYPES
 
 # mergekit merge_method -> ours
 METHODS = {"cabs": "cabs", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_linear": "dare",
            "dare_ties": "dare_ties", "breadcrumbs": "breadcrumbs"}
 CABS_FALLBACK_NM = (1, 4)   # the authors' mergekit method when neither n_m_ratio nor default_n_m_ratio is set
 TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype"}
-DTYPES = ("float32", "float16", "bfloat16")   # mergekit's names (a "torch." prefix allowed, as mergekit does)
 MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
@@ -170,7 +170,8 @@ def read_config(path) -> MergekitConfig:
 
 
 def _dtype(path, key: str, value) -> str:
-    name = value[len("torch."):] if isinstance(value, str) and value.startswith("torch.") else value
-    if name not in DTYPES:
-        _fail(path, f"{key}: {value!r} is not supported (use {', '.join(DTYPES)})")
+    """A config's dtype name as ours (a "torch." prefix allowed, as mergekit's dtype_from_name does)."""
+    name = value.removeprefix("torch.") if isinstance(value, str) else value
+    if name not in OUT_DTYPES:
+        _fail(path, f"{key}: {value!r} is not supported (use {', '.join(OUT_DTYPES)})")
     return name

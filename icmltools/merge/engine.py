@@ -41,7 +41,7 @@ from icmltools.taskvec import (
 )
 
 from . import kernels as K
-from .options import CHUNK_ELEMS
+from .options import CHUNK_ELEMS, OUT_DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -1034,10 +1034,9 @@ def output_dtype(name: str | None):
 
     if name in (None, "same"):
         return None
-    dt = getattr(torch, str(name), None)
-    if not isinstance(dt, torch.dtype) or not dt.is_floating_point:
-        raise BadInputError(f"unknown output dtype {name!r}; use same, float32, float16 or bfloat16", param="out_dtype")
-    return dt
+    if name not in OUT_DTYPES:
+        raise BadInputError(f"unknown output dtype {name!r}; use same, {', '.join(OUT_DTYPES)}", param="out_dtype")
+    return getattr(torch, name)
 
 
 OUT_SLOT_BYTES = 32 << 20  # the writer's output buffers of chunked merges, in all (float32 chunks)

@@ -10,3 +10,6 @@ CHUNK_ELEMS = 1 << 20
 BREADCRUMBS_GAMMA = 0.01
 # default density where a method prunes and none is given (mergekit has none: it requires one)
 DENSITY = 0.2
+# output dtypes of the floating tensors a merge can be written in ("same": each tensor keeps its own); also
+# the names mergekit configs use for `dtype` / `out_dtype`
+OUT_DTYPES = ("float32", "float16", "bfloat16")
