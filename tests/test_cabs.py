@@ -642,7 +642,7 @@ def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
     if not K.available():
         pytest.skip("numba not installed")
     g = torch.Generator().manual_seed(11)
-    size = 32 * 61 + 13  # a partial tail block
+    size = 256 * 8 + 32 * 61 + 13  # a partial tail block for every m below
     x = torch.randn(size, generator=g)
     if kind == "bf16_diff":
         x = x.bfloat16().float() - torch.randn(size, generator=g).bfloat16().float()
@@ -654,7 +654,8 @@ def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
     elif kind == "sparse":
         x[torch.rand(size, generator=g) > 0.15] = 0
     checked = 0
-    for n, m in [(4, 32), (1, 4), (3, 7), (16, 32), (32, 32), (5, 5), (2, 16)]:
+    # the passes (k < 24), the bisection (k >= 24: 64:256, 30:50) and the picking loop (m <= 4)
+    for n, m in [(4, 32), (1, 4), (3, 7), (16, 32), (32, 32), (5, 5), (2, 16), (64, 256), (30, 50), (2, 4), (1, 2)]:
         for frac in (0.0, 0.4, 0.9):
             taken0 = torch.rand(size, generator=g) < frac
             for tail in ("pad", "drop"):
@@ -669,4 +670,4 @@ def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
                     kept = P.nm_mask(x, n, m, taken0, tail)
                     assert torch.equal(taken, taken0 | kept), (n, m, frac, tail)
                 checked += 1
-    assert checked == 7 * 3 * 2
+    assert checked == 11 * 3 * 2

@@ -691,7 +691,7 @@ def test_one_pass_dare_after_a_chunk_that_falls_back_draws_the_same_numbers(tmp_
 
 
 @needs_numba
-@pytest.mark.parametrize("nm", [(4, 32), (3, 8), (5, 7), (1, 1), (7, 7)])
+@pytest.mark.parametrize("nm", [(4, 32), (3, 8), (5, 7), (1, 1), (7, 7), (1, 4), (2, 3), (24, 40), (64, 256)])
 @pytest.mark.parametrize("use_taken", [False, True])
 def test_nm_loop_equals_the_torch_mask_with_ties_and_tails(nm, use_taken):
     from icmltools.cabs import prune as P

@@ -515,15 +515,68 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     Each free slot gets the key bits(|x|) (int32, ordered as |x|; a taken slot -1). The k-th largest key
     counted with multiplicity, t, is found by vectorised passes, each taking the largest key below the last
     maximum and counting that maximum's copies (bf16 task vectors repeat values often: ties cost no extra
-    pass). The keys > t are kept and, of the keys == t, the first by position until k are kept (all of them,
-    the common case, in one branch-free loop). In pieces of whole blocks, one per thread."""
+    pass); from k = 24 on (the 7B recipe's 64:256), by bisection on the key (about 30 counting passes
+    whatever k). The keys > t are kept and, of the keys == t, the first by position until k are kept (all of
+    them, the common case, in one branch-free loop). Blocks of m <= 4 (mergekit's default 1:4, 2:4) take k
+    picks of the largest free key instead (the per-block set-up of the passes outweighs their work there).
+    In pieces of whole blocks, one per thread."""
     size = x.shape[0]
     T = _n_pieces(size, m)
     short = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(size, t, T, m)
-        short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        if m <= _NM_SMALL:
+            short[t] = _nm_span_small(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        else:
+            short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
     return short.sum()
+
+
+# Where the other two paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
+_NM_SMALL = 4    # blocks this short are picked (1:2, 1:4, 2:4 faster; 2:8 and 4:8 were slower picked)
+_NM_BISECT = 24  # from this k on the threshold is bisected (the same cost at 24:64 and 24:96, faster from
+                 # 32:128 on, slower at 16:64)
+
+
+@_jit
+def _nm_span_small(x, lo, hi, n, m, taken, use_taken, pad_tail):
+    """nm_prune over the blocks in [lo, hi) for m <= _NM_SMALL: per whole block, k times the largest free key
+    not yet picked (the lower position on ties), until none is free; the tail block by :func:`_nm_span`. The
+    same slots as the passes: the k largest, ties by lower index."""
+    short = 0
+    ks = np.empty(_NM_SMALL, np.int32)
+    zero = np.float32(0.0)
+    none = np.int32(-1)
+    picked = np.int32(-2)
+    k = min(n, m)
+    whole = (hi - lo) // m
+    for i in range(whole):
+        o = lo + i * m
+        for j in range(m):
+            b = np.int32(_f32_as_u32(abs(x[o + j])))
+            if use_taken and taken[o + j]:
+                b = none
+            ks[j] = b
+        got = 0
+        for _ in range(k):
+            best, at = none, -1
+            for j in range(m):
+                if ks[j] > best:
+                    best, at = ks[j], j
+            if at < 0:  # no free slot left
+                break
+            ks[at] = picked
+            got += 1
+        short += got < k
+        for j in range(m):
+            keep = ks[j] == picked
+            x[o + j] = x[o + j] if keep else zero
+            if use_taken:
+                taken[o + j] = taken[o + j] | keep
+    s = lo + whole * m
+    if s < hi:
+        short += _nm_span(x, s, hi, n, m, taken, use_taken, pad_tail)
+    return short
 
 
 @_jit
@@ -549,7 +602,7 @@ def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
                 b = none if tk[j] else b
             ks[j] = b
             t = max(t, b)
-        t, left, eq = _nm_threshold(ks, k, t)
+        t, left, eq = _nm_bisect(ks, k, t) if k >= _NM_BISECT else _nm_threshold(ks, k, t)
         if t < 0:  # no free slot
             blk[:] = zero
             short += k > 0
@@ -593,6 +646,47 @@ def _nm_threshold(ks, k, t):
             return t, L, eq
         t = mx
     return t, L, 0
+
+
+@_jit
+def _nm_bisect(ks, k, t):
+    """:func:`_nm_threshold`'s (t, left, eq) by bisection: the largest key T with at least k keys >= T, between
+    the smallest free key and the maximum t (each step one vectorised count)."""
+    L = ks.shape[0]
+    if k == L or t < 0:  # every free slot kept, or none free
+        return min(t, np.int32(0)), L, 0
+    free = 0
+    lo = t
+    for j in range(L):
+        kj = ks[j]
+        free += kj >= 0
+        lo = min(lo, kj if kj >= 0 else t)
+    if free < k:  # fewer than k free slots: keep every free one
+        return lo, L, 0
+    hi = t
+    if _count_at_least(ks, hi) >= k:
+        lo = hi
+    while hi - lo > 1:  # count(keys >= lo) >= k > count(keys >= hi)
+        mid = np.int32(lo + (hi - lo) // 2)
+        if _count_at_least(ks, mid) >= k:
+            lo = mid
+        else:
+            hi = mid
+    above = 0
+    eq = 0
+    for j in range(L):
+        kj = ks[j]
+        above += kj > lo
+        eq += kj == lo
+    return lo, k - above, eq
+
+
+@_jit
+def _count_at_least(ks, v):
+    c = 0
+    for j in range(ks.shape[0]):
+        c += ks[j] >= v
+    return c
 
 
 @_jit
