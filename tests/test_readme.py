@@ -4,8 +4,8 @@ executed and its output compared with the text block.
 The bash block holds one line, `icml ARGS | jq [-c] 'FILTER'` (or `icml ARGS` alone); the text block holds
 the outputs, one JSON value per line as `jq -c` prints them. Numbers must agree to the digits shown. An
 HTML comment right before the bash block marks the example: `<!-- slow -->` (it takes more than a few
-seconds), `<!-- slow, cpu-drift D -->` or `<!-- slow, cpu-drift P% -->` (its numbers come from training on
-the CPU and may also differ by up to D, or P %, on another x86 CPU, the pins of tests/conftest.py
+seconds), `<!-- slow, cpu-drift D -->` or `<!-- slow, cpu-drift P% -->` (its non-integer numbers come from
+training on the CPU and may also differ by up to D, or P %, on another x86 CPU, the pins of tests/conftest.py
 notwithstanding: README "Reproducible figures").
 """
 import json
@@ -35,8 +35,10 @@ def examples():
 
 def _close(expected, got, drift: tuple = (0.0, 0.0)) -> bool:
     """Equal, with numbers compared to the precision written in the docs, give or take `drift` (absolute,
-    relative)."""
+    relative) for the non-integers (counts and bit widths stay exact)."""
     if isinstance(expected, bool) or isinstance(got, bool):
+        return expected == got
+    if isinstance(expected, int) and isinstance(got, int):
         return expected == got
     if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
         s = repr(expected)
@@ -85,3 +87,25 @@ def test_every_command_has_a_readme_example():
     cmds = {shlex.split(c.values[0])[1] for c in examples() if c.id.startswith("README.md")}
     missing = sorted(set(COMMANDS) - cmds - {"env"})
     assert not missing, f"commands without a run README example: {missing}"
+
+
+def test_every_mark_above_an_example_is_read():
+    """A comment right above an example is one of the marks (a typo would silently make it exact and fast)."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for m in re.finditer(r"<!--[^\n]*-->\s*\n```bash\n", text):
+            hit = FENCE.match(text, m.start())
+            assert hit and hit.group("flags"), f"{doc.name}: unknown mark {m.group(0).splitlines()[0]!r}"
+
+
+def test_drift_widens_the_comparison_by_the_stated_amount():
+    assert not _close(0.739, 0.738) and _close(0.739, 0.738, (0.002, 0.0)) and not _close(0.739, 0.742, (0.002, 0.0))
+    assert _close(0.0181, 0.0235, (0.0, 0.35)) and not _close(0.0181, 0.0300, (0.0, 0.35))
+    assert _close(["gptq", 2, 0.0081], ["gptq", 2, 0.0063], (0.0, 0.35)) and not _close(["gptq", 3, 0.0081],
+                                                                                       ["gptq", 2, 0.0081], (0.0, 0.35))
+    drifts = {p.values[0].split("|")[0].strip(): p.values[2] for p in examples() if p.values[2] != (0.0, 0.0)}
+    assert drifts == {"icml fope-train -q --threads 1 --no-save --eval-factors 1,4": (0.002, 0.0),
+                      "icml cabs-merge": (0.002, 0.0),
+                      "icml guidedquant --threads 1 -q --steps 300 --calib-seqs 64 --methods lnq_guided,lnq,gptq,rtn":
+                      (0.0, 0.35),
+                      "icml guidedquant -q --threads 1 --seed 0": (0.0, 0.35)}
