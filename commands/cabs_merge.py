@@ -21,8 +21,8 @@ EPILOG = """Examples:
 """
 
 # library parameter -> flag, where the names differ
-PARAM_FLAGS = {"out_format": "--format", "out_dtype": "--dtype", "weights": "--lam", "model_options": "--nm", "densities": "--nm",
-               "options": "--config"}
+PARAM_FLAGS = {"out_format": "--format", "out_dtype": "--dtype", "weights": "--lam", "model_options": "--nm",
+               "densities": "--nm", "options": "--config"}
 DC = options.DemoConfig
 
 

@@ -506,6 +506,12 @@ def _count_bytes(bs, h4):
 # --------------------------------------------------------------------------------------------- n:m blocks
 
 
+# Where the other two paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
+_NM_SMALL = 4    # blocks this short are picked (1:2, 1:4, 2:4 faster; 2:8 and 4:8 were slower picked)
+_NM_BISECT = 24  # from this k on the threshold is bisected (the same cost at 24:64 and 24:96, faster from
+                 # 32:128 on, slower at 16:64)
+
+
 @_pjit
 def nm_prune(x, n, m, taken, use_taken, pad_tail):
     """Balanced n:m (BS; with `use_taken` the CA step): per block of m (row-major), keep the n largest |x| among
@@ -530,12 +536,6 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
         else:
             short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
     return short.sum()
-
-
-# Where the other two paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
-_NM_SMALL = 4    # blocks this short are picked (1:2, 1:4, 2:4 faster; 2:8 and 4:8 were slower picked)
-_NM_BISECT = 24  # from this k on the threshold is bisected (the same cost at 24:64 and 24:96, faster from
-                 # 32:128 on, slower at 16:64)
 
 
 @_jit

@@ -1039,6 +1039,12 @@ def output_dtype(name: str | None):
     return getattr(torch, name)
 
 
+def output_reader(base: CheckpointReader, out_dtype: str | None) -> CheckpointReader:
+    """`base` as the writer sees the output: unchanged for "same"/None, else its floating tensors in `out_dtype`."""
+    dt = output_dtype(out_dtype)
+    return base if dt is None else RetypedReader(base, dt)
+
+
 OUT_SLOT_BYTES = 32 << 20  # the writer's output buffers of chunked merges, in all (float32 chunks)
 
 
@@ -1062,8 +1068,7 @@ def merge_to_checkpoint(base: CheckpointReader, models: Sequence[CheckpointReade
     open_and_check(base, models, plan)
     stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
     pool = BufferPool("cpu")
-    dt = output_dtype(out_dtype)
-    target = base if dt is None else RetypedReader(base, dt)
+    target = output_reader(base, out_dtype)
     with CheckpointWriter(target, out_path, fmt=fmt, record=record) as cw, WriteBehind(cw, slots=_slots(plan)) as w:
         for name, spec, chunks in iter_merged(base, models, plan, w.order, device, stats, progress, allow_non_finite):
             _write_tensor(w, name, spec, chunks, lam, sign, skip_zero, pool,
@@ -1121,8 +1126,7 @@ def apply_task_vector(base: CheckpointReader, tau: dict, lam: float, out_path, f
                       sign: int = -1, skip_zero: bool = False, out_dtype: str | None = None) -> None:
     """Write theta_0 + sign * lam * tau tensor by tensor, atomically (tensors without a tau are the base's; the
     floating tensors in `out_dtype` when it names one, as merge_to_checkpoint)."""
-    dt = output_dtype(out_dtype)
-    target = base if dt is None else RetypedReader(base, dt)
+    target = output_reader(base, out_dtype)
     with CheckpointWriter(target, out_path, fmt=fmt, record=record) as w:
         for name in w.order:
             b = base.get(name)

@@ -122,8 +122,8 @@ def search_files(base, tau: dict, grid: Sequence[float], evaluate: Callable, wor
                  at_zero: dict | None = None, rule: Callable[[list], Selection], progress: Callable | None = None,
                  patience: Callable[[dict], bool] | None = None, out_name: str = "merged", out_dtype: str | None = None):
     """Search lambda over `grid` on checkpoints: for each lambda, theta_0 + sign * lambda * tau is written (in
-    `fmt`, floating tensors in `out_dtype` if given) to a temporary path under `work_dir`, `evaluate(path, label)` scores it, the file is deleted; `at_zero`
-    (the base's scores, when known) stands for lambda = 0. `rule(rows)` picks the lambda; `patience(row)` says
+    `fmt`, floating tensors in `out_dtype` if given) to a temporary path under `work_dir`, `evaluate(path,
+    label)` scores it, the file is deleted; `at_zero` (the base's scores, when known) stands for lambda = 0. `rule(rows)` picks the lambda; `patience(row)` says
     whether to stop after a row. Returns (rows, Selection); the temporary folder is removed in every case."""
     import shutil
 
