@@ -13,7 +13,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .milp import c_stdout_silenced
+from .milp import c_stdout_captured
 from .options import SolveConfig
 
 CATCH_CTRL_C = True
@@ -31,20 +31,25 @@ WORK = {
 SOLVING_STAGES = (9, 10)  # SCIP_STAGE_SOLVING, SCIP_STAGE_SOLVED
 
 
+SCIP_CTRL_C = "pressed CTRL-C"
+"""The start of the line SCIP's own SIGINT handler prints on C stdout (`interruptHandler`, interrupt.c)."""
+
+
 def optimize(model, verbose: bool = False, clock=None) -> str:
-    """`model.optimize()`, then SCIP's status; Ctrl-C during the solve (SCIP's 'userinterrupt', unless our
-    own `clock` stopped it at its budget) is raised as KeyboardInterrupt, so nothing is reported, written or
-    cached from a solve cut short. Unless `verbose`, what SCIP prints on C stdout (its Ctrl-C notice) is
-    dropped."""
+    """`model.optimize()`, then SCIP's status; Ctrl-C during the solve is raised as KeyboardInterrupt, so
+    nothing is reported, written or cached from a solve cut short. SCIP catches it itself (`CATCH_CTRL_C`)
+    and stops at its next check with status 'userinterrupt' (unless our `clock` stopped the solve at its
+    budget). A Ctrl-C that reaches SCIP's handler after its last check is lost to SCIP, which ends the solve
+    as if none had come, and Python never sees it; the line SCIP's handler printed is its only trace, so C
+    stdout is captured during the solve and that line counts as Ctrl-C whatever the status. SCIP's own log
+    (`verbose`) is passed on once the solve ends."""
     model.setParam("misc/catchctrlc", CATCH_CTRL_C)
-    with c_stdout_silenced(not verbose):
+    with c_stdout_captured(echo=verbose) as out:
         model.optimize()
     st = model.getStatus()
-    if st == "userinterrupt":
-        if clock is None or not clock.hit:
-            raise KeyboardInterrupt
-        return "budget"
-    return st
+    if SCIP_CTRL_C in out.text or (st == "userinterrupt" and (clock is None or not clock.hit)):
+        raise KeyboardInterrupt
+    return "budget" if st == "userinterrupt" else st
 
 
 @dataclass
@@ -124,7 +129,6 @@ def make_clock():
             self.t0 = time.perf_counter()
             self.records: list = []
             self.kind, self.limit, self.offset, self.hit = "wall", math.inf, 0.0, False
-            self._caught: list = []
 
         def begin(self, kind: str, limit: float, offset: float) -> None:
             """Before a solve: its work limit (inf: none) and the work done before it (by earlier solves)."""
@@ -145,15 +149,13 @@ def make_clock():
                 return self.offset
             return self.offset + WORK[self.kind](self.model)
 
+        # No `eventexit` (nor any callback SCIP runs outside a solve, e.g. when a transform is freed): a
+        # Ctrl-C there, with Python's handler in place, would be raised inside a callback from C, printed
+        # and swallowed, and the command would run on. The events caught here go with the transform SCIP
+        # frees (its event filter; PySCIPOpt 6 also drops them itself).
         def eventinit(self):
-            self._caught = [SCIP_EVENTTYPE.BESTSOLFOUND] + [getattr(SCIP_EVENTTYPE, e)
-                                                            for e in watch.get(self.kind, ())]
-            for e in self._caught:
-                self.model.catchEvent(e, self)
-
-        def eventexit(self):
-            for e in self._caught:
-                self.model.dropEvent(e, self)
+            for e in ["BESTSOLFOUND", *watch.get(self.kind, ())]:
+                self.model.catchEvent(getattr(SCIP_EVENTTYPE, e), self)
 
         def eventexec(self, event):
             if event.getType() == SCIP_EVENTTYPE.BESTSOLFOUND:

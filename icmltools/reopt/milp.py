@@ -251,27 +251,42 @@ def scip_errors():
 
 
 @contextlib.contextmanager
-def c_stdout_silenced(silence: bool = True):
-    """Send what C code prints on stdout inside the block to /dev/null (SCIP's Ctrl-C handler prints
-    'pressed CTRL-C 1 times' there even when the model's output is hidden). C buffers are flushed on
-    both sides so nothing printed inside comes out later."""
-    if not silence:
-        yield
-        return
+def c_stdout_captured(echo: bool = False):
+    """What C code prints on stdout (fd 1) inside the block goes to a temporary file, read back as the
+    yielded object's `text` when the block ends, and passed on to stdout then when `echo`. SCIP's Ctrl-C
+    handler prints 'pressed CTRL-C 1 times ...' there even when the model's output is hidden, and that line
+    is the only trace of a Ctrl-C that SCIP caught after its last check (the solve then ends as if none had
+    come: `budget.optimize` looks for it). C buffers are flushed on both sides, so nothing printed inside
+    comes out later. A file, not a pipe: SCIP holds the GIL while it solves, so no thread could drain a
+    pipe, and a verbose solve would block on a full one."""
     import ctypes
+    import tempfile
 
-    libc = ctypes.CDLL(None)
-    libc.fflush(None)
-    saved = os.dup(1)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 1)
-        yield
-    finally:
-        libc.fflush(None)
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
+    fflush = ctypes.CDLL(None).fflush  # looked up before the block: a first lookup runs Python code
+    fflush(None)
+    out = _Captured()
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(1)
+        try:
+            os.dup2(f.fileno(), 1)
+            yield out
+        finally:
+            # Ctrl-C can be raised after any call returns: stdout is put back in the innermost block, whose
+            # first call does it (with the flush first, a test once lost its stdout: fd 1 left on this file)
+            try:
+                fflush(None)
+            finally:
+                os.dup2(saved, 1)
+                os.close(saved)
+        f.seek(0)
+        raw = f.read()
+        out.text = raw.decode("utf-8", "replace")
+        if echo and raw:
+            os.write(1, raw)
+
+
+class _Captured:
+    text = ""
 
 
 def scip_reason(errors: list, exc: BaseException | None = None) -> str:
