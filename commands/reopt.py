@@ -52,7 +52,7 @@ def solver_options(f):
                      help="Each method's budget in --limit-kind's unit (VP-OR: summed over its sub-MIPs)."),
         click.option("--history-time-limit", "--history-limit", "history_limit", type=SECONDS, default=None,
                      help="Seconds for each plain-SCIP solve of a history instance [default: the time limit]. "
-                          "Every outcome is cached by file hash and limit."),
+                          "Every outcome is cached by file hash and limit when the command ends (not on Ctrl-C)."),
         click.option("--history-limit-kind", "history_kind", type=click.Choice(options.LIMIT_KINDS), default=None,
                      help="What each history solve's limit counts [default: --limit-kind]."),
         click.option("--history-budget", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -83,12 +83,15 @@ def method_option(default: tuple, help_text: str):
 
 @contextlib.contextmanager
 def _running(ctx, phase: str, seed, device=None, threads=None, packages=None, **kw):
-    """The command's run (`CommandRun`) inside its timed phase: yields (run, progress callback)."""
+    """The command's run (`CommandRun`) inside its timed phase: yields (run, progress callback). History
+    solves are cached when the command ends, not on Ctrl-C (`history.cache_held`)."""
+    from icmltools.reopt.history import cache_held
+
     packages = packages or _packages(ctx)
     kw.setdefault("seed_torch", "torch" in packages)
     with common.CommandRun(ctx, "reopt", seed=seed, device=device, threads=threads, packages=packages,
                            reference=options.REFERENCE, param_flags=PARAM_FLAGS, **kw) as run:
-        with run.timer.phase(phase), run.progress() as cb:
+        with run.timer.phase(phase), run.progress() as cb, cache_held():
             yield run, cb
 
 
@@ -107,7 +110,7 @@ def _history_kwargs(ctx, run, progress) -> dict:
         if seconds < NOTICE_S:
             return
         run.log(f"solving {n} history instance(s) with plain SCIP, {limit.describe()} each: up to "
-                f"{_duration(seconds)} in all (cached afterwards; --history-time-limit shortens it)")
+                f"{_duration(seconds)} in all (cached when the command ends; --history-time-limit shortens it)")
 
     return {"history_limit": ctx.params["history_limit"], "history_budget": ctx.params["history_budget"],
             "history_kind": ctx.params["history_kind"],

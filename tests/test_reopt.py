@@ -285,6 +285,36 @@ def test_history_cache_and_parallel_jobs(tmp_path, obj_series):
     assert [x["objective"] for x in a] == [x["objective"] for x in b]
 
 
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_history_entries_are_written_when_the_command_ends_and_not_on_ctrl_c(tmp_path, obj_series, jobs):
+    """House rule: an interrupted command leaves nothing cached, not even history solves that finished
+    before the signal (each command runs in `cache_held`). On a normal end or an error they are written; an
+    error in a later instance's check keeps the solves before it (docs/reopt.md)."""
+    from icmltools.reopt.history import cache_held, solve_history
+
+    paths = obj_series["instances"][:2]
+    c = tmp_path / "c"
+    with pytest.raises(KeyboardInterrupt), cache_held():
+        a = solve_history(paths, 1.0, 0, c, jobs=jobs)
+        assert [x["cached"] for x in a] == [False] * 2
+        assert not c.exists() or not any(c.iterdir())  # held, not yet written
+        raise KeyboardInterrupt
+    assert not c.exists() or not any(c.iterdir())
+    with pytest.raises(RuntimeError), cache_held():
+        solve_history(paths[:1], 1.0, 0, c, jobs=jobs)
+        raise RuntimeError("a later failure")
+    assert len(list(c.iterdir())) == 1
+    with cache_held():
+        with cache_held():  # nested: the outer block writes
+            b = solve_history(paths, 1.0, 0, c, jobs=jobs)
+        assert len(list(c.iterdir())) == 1
+        again = solve_history(paths[::-1], 1.0, 0, c, jobs=jobs)  # a held entry is not solved twice
+        assert [x["cached"] for x in again] == [True, True] and again[0]["values"] == b[1]["values"]
+    assert [x["cached"] for x in b] == [True, False] and len(list(c.iterdir())) == 2
+    assert [x["cached"] for x in solve_history(paths, 1.0, 0, c, jobs=jobs)] == [True, True]  # no block: at once
+
+
 # ------------------------------------------------------------------------------------------ CLI
 
 
@@ -633,8 +663,9 @@ def test_ctrl_c_stops_and_writes_nothing(stage, jobs, small_series, medium_serie
     sub-MIP loop and plain SCIP), in one process or in --jobs workers. The signal comes 9 s in, well
     inside SCIP's solve (30 s limit): sent during start-up, Python's own handler stops even the old code.
     The history stage solves medium instances after the series' first: on a fast CPU (2026-12-02) the small
-    series' first history solve ended, optimal and cached as a finished solve is, about 5 s in, before the
-    signal, and so did the medium series' first (5.4 s); its next four each ran into a 15 s limit."""
+    series' first history solve ended about 5 s in, before the signal, and so did the medium series' first
+    (5.4 s); its next four each ran into a 15 s limit. (Finished solves are no longer cached before the
+    command ends either: test_history_entries_are_written_when_the_command_ends_and_not_on_ctrl_c.)"""
     if stage == "history":
         inst = medium_series["instances"][1:]
     else:

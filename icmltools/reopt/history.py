@@ -2,6 +2,7 @@
 process pool used for independent solves (`--jobs`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -145,13 +146,16 @@ class SolutionSet:
             self.folder.rmdir()
 
 
-def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -> list:
-    """`[fn(x) for x in items]`, in `jobs` worker processes when jobs > 1 (order kept). On Ctrl-C (or any
-    error) the workers are terminated at once, so no solve goes on (or writes a cache entry) after it."""
+def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving", on_result=None) -> list:
+    """`[fn(x) for x in items]`, in `jobs` worker processes when jobs > 1 (order kept); `on_result(r)` is
+    called in this process with each result as it comes. On Ctrl-C (or any error) the workers are terminated
+    at once, so no solve goes on after it."""
     out = [None] * len(items)
     if jobs <= 1 or len(items) <= 1:
         for i, it in enumerate(items):
             out[i] = fn(it)
+            if on_result:
+                on_result(out[i])
             if progress:
                 progress(desc, i + 1, len(items))
         return out
@@ -160,6 +164,8 @@ def pool_map(fn, items: list, jobs: int, progress=None, desc: str = "solving") -
     try:
         for done, (i, res) in enumerate(pool.imap_unordered(_indexed, [(fn, i, it) for i, it in enumerate(items)]), 1):
             out[i] = res
+            if on_result:
+                on_result(res)
             if progress:
                 progress(desc, done, len(items))
     except BaseException:
@@ -203,6 +209,11 @@ def _cache_file(cache_dir, sha: str, limit: HistoryLimit, seed: int) -> Path | N
 
 
 def _read_cache(cfile: Path | None) -> dict | None:
+    """The entry of `cfile`: held by this command (`cache_held`; also in its --jobs workers, forked after it
+    was made), else on disk; None if neither."""
+    held = [d for f, d in _held or () if f == cfile]
+    if cfile is not None and held:
+        return dict(held[0], cached=True)
     if cfile is None or not cfile.is_file():
         return None
     try:
@@ -214,9 +225,10 @@ def _read_cache(cfile: Path | None) -> dict | None:
 
 
 def _history_job(args):
-    """Solve one history instance with plain SCIP; every outcome, with or without a solution, is cached
-    (status and limit in the entry, the limit in the key), so a rerun does not spend the limit again. An
-    interrupted solve raises before anything is written."""
+    """Solve one history instance with plain SCIP (or take its cache entry): (entry, its cache file or None
+    when it came from the cache or there is none). Every outcome, with or without a solution, is an entry
+    (status and limit in it, the limit in the key), so a rerun does not spend the limit again; the parent
+    writes it (`_store`). An interrupted solve raises: no entry."""
     path, limit, seed, cache_dir, expect = args
     from .predict import check_names
     from .solve import solve_history_instance
@@ -227,17 +239,62 @@ def _history_job(args):
     if d is not None:
         if expect is not None:
             check_names(expect[0], d["names"], f"history instance {path}", expect[1])
-        return d
+        return d, None
     res = solve_history_instance(path, limit.config(seed), *(expect or (None, "")))
     d = {"path": str(path), "sha256": sha, "limit": limit.describe(), "status": res.status,
          "objective": res.objective, "feasible": res.feasible, "values": res.solution(), "names": res.names,
          "wall_cap_hit": bool(res.details.get("wall_cap_hit", False)), "cached": False}
-    if cfile is not None:
-        try:
-            atomic_write_json(cfile, d, indent=None)
-        except OSError as e:  # a read-only cache is not fatal
-            log.warning("could not write history cache %s: %s", cfile, e)
-    return d
+    return d, cfile
+
+
+_held: list | None = None  # cache entries held back by `cache_held`, written when its block ends
+
+
+@contextlib.contextmanager
+def cache_held():
+    """History-cache entries made inside the block are written when it ends, and not at all when it ends
+    with Ctrl-C (KeyboardInterrupt): an interrupted command leaves nothing cached, not even the solves that
+    finished before the signal. On an error they are written (a failed run does not cost the next one its
+    finished solves). Nested blocks defer to the outermost."""
+    global _held
+    if _held is not None:
+        yield
+        return
+    _held = []
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        _write_held()
+        raise
+    else:
+        _write_held()
+    finally:
+        _held = None
+
+
+def _write_held() -> None:
+    held = _held or []
+    while held:
+        _write_entry(*held.pop(0))
+
+
+def _store(cfile: Path | None, d: dict) -> None:
+    """Write a new cache entry now, or hold it for the end of a `cache_held` block."""
+    if cfile is None:
+        return
+    if _held is not None:
+        _held.append((cfile, d))
+    else:
+        _write_entry(cfile, d)
+
+
+def _write_entry(cfile: Path, d: dict) -> None:
+    try:
+        atomic_write_json(cfile, d, indent=None)
+    except OSError as e:  # a read-only cache is not fatal
+        log.warning("could not write history cache %s: %s", cfile, e)
 
 
 def uncached(paths: list, limit: HistoryLimit, seed: int, cache_dir) -> list:
@@ -259,5 +316,6 @@ def solve_history(paths: list, limit: HistoryLimit | float, seed: int = 0, cache
     if todo and notice is not None:
         rounds = math.ceil(len(todo) / max(1, min(jobs, len(todo))))
         notice(len(todo), limit, rounds * limit.time_limit)
-    return pool_map(_history_job, [(str(p), limit, int(seed), str(cache_dir) if cache_dir else None, expect)
-                                   for p in paths], jobs, progress, "history")
+    done = pool_map(_history_job, [(str(p), limit, int(seed), str(cache_dir) if cache_dir else None, expect)
+                                   for p in paths], jobs, progress, "history", on_result=lambda r: _store(r[1], r[0]))
+    return [d for d, _ in done]
