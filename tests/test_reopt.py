@@ -757,6 +757,25 @@ def test_a_ctrl_c_scip_caught_after_its_last_check_still_stops():
         optimize(m)
 
 
+def test_scips_own_log_is_passed_on_when_verbose_and_dropped_otherwise(capfd):
+    """`optimize` captures C stdout during the solve (to find SCIP's Ctrl-C line): with `verbose` SCIP's log is
+    passed on whole once the solve ends, without it nothing reaches stdout."""
+    from icmltools.reopt.budget import optimize
+
+    for verbose in (True, False):
+        m = _knapsacks()
+        if verbose:
+            m.hideOutput(False)
+        capfd.readouterr()
+        assert optimize(m, verbose) == "optimal"
+        out = capfd.readouterr().out
+        if verbose:
+            assert "SCIP Status        : problem is solved [optimal solution found]" in out, out[-500:]
+            assert "Solving Time (sec)" in out
+        else:
+            assert out == ""
+
+
 _CTRL_C_LOOP = """
 import os, random, signal, sys, threading, time
 import click

@@ -281,8 +281,9 @@ def c_stdout_captured(echo: bool = False):
         f.seek(0)
         raw = f.read()
         out.text = raw.decode("utf-8", "replace")
-        if echo and raw:
-            os.write(1, raw)
+        view = memoryview(raw) if echo else memoryview(b"")
+        while view:  # a pipe or terminal may take part of it at a time
+            view = view[os.write(1, view):]
 
 
 class _Captured:
