@@ -71,6 +71,8 @@ class _CtrlC:
         import signal
         import threading
 
+        _CTRL_C.append(self)
+
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._sig = signal.signal(signal.SIGINT, self._on_sigint)
@@ -91,7 +93,16 @@ class _CtrlC:
         sys.unraisablehook = self._hook
         if self._sig is not None:
             signal.signal(signal.SIGINT, self._sig)
+        _CTRL_C.remove(self)
         return False
+
+
+_CTRL_C: list = []  # the _CtrlC of the command running (run_guarded)
+
+
+def ctrl_c_seen() -> bool:
+    """Whether Ctrl-C came during the command running now (even if something swallowed its KeyboardInterrupt)."""
+    return bool(_CTRL_C) and _CTRL_C[-1].seen
 
 
 def _interrupted(e: BaseException | None = None) -> click.ClickException:
@@ -109,7 +120,10 @@ def run_guarded(fn: Callable[[], Any]) -> Any:
 
 def _guarded(fn: Callable[[], Any], ctrl_c: _CtrlC) -> Any:
     try:
-        return fn()
+        out = fn()
+        if ctrl_c.seen:  # swallowed on its way up, and the command ran on: it still ends as interrupted
+            raise KeyboardInterrupt
+        return out
     except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
         raise
     except KeyboardInterrupt as e:
@@ -587,6 +601,9 @@ class CommandRun:
     def __exit__(self, exc_type, exc, tb):
         if isinstance(exc, IcmlError):
             _annotate(exc, self.ctx, self.param_flags)
+        late = exc_type is None and ctrl_c_seen()  # a Ctrl-C something swallowed: no result, the interrupted path
+        if late:
+            exc_type, exc = KeyboardInterrupt, KeyboardInterrupt()
         try:
             if exc_type is None and not self.writes:
                 self._restore_stdout()
@@ -607,6 +624,8 @@ class CommandRun:
             if self._out_owned:
                 with contextlib.suppress(Exception):
                     self._out.close()
+        if late:
+            raise exc
         return False
 
 

@@ -270,6 +270,43 @@ def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole(
     assert out.stdout.split() == ["3", "True", "False", "False", "5.0", "6.0"]
 
 
+def test_a_swallowed_ctrl_c_still_ends_the_command_as_interrupted(tmp_path):
+    """A library that catches the KeyboardInterrupt of a Ctrl-C and goes on (a callback from C does: PySCIPOpt's
+    printed it and SCIP's teardown went on, seen 2026-12-02) must not let the command finish as if none had
+    come: no JSON, no result.json, the run folder removed, exit 130 (through CommandRun and through a bare
+    function under run_guarded)."""
+    import signal
+
+    @common.command("sw")
+    @click.option("--out", default=None)
+    @common.standard_options(seed=False)
+    @click.pass_context
+    def sw(ctx, out, quiet, verbose):
+        with common.CommandRun(ctx, "sw", packages=()) as run:
+            run.make_dir(out)
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                pass  # swallowed
+            run.result = {"x": 1}
+
+    r = _invoke(sw, ["-q", "--out", str(tmp_path / "k")])
+    assert r.exit_code == 130 and r.stdout == "" and not (tmp_path / "k").exists()
+    assert r.stderr.strip() == "Error: interrupted (nothing was written)"
+
+    def bare():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        return 7
+
+    with pytest.raises(click.ClickException) as ei:
+        common.run_guarded(bare)
+    assert ei.value.exit_code == 130
+    assert common.run_guarded(lambda: 7) == 7 and not common.ctrl_c_seen()  # no Ctrl-C: as before
+
+
 def test_interrupted_resumable_run_keeps_its_work_and_says_where(tmp_path):
     @common.command("ir")
     @click.option("--out", default=None)
