@@ -91,7 +91,7 @@ def _running(ctx, phase: str, seed, device=None, threads=None, packages=None, **
     kw.setdefault("seed_torch", "torch" in packages)
     with common.CommandRun(ctx, "reopt", seed=seed, device=device, threads=threads, packages=packages,
                            reference=options.REFERENCE, param_flags=PARAM_FLAGS, **kw) as run:
-        with run.timer.phase(phase), run.progress() as cb, cache_held():
+        with run.timer.phase(phase), run.progress() as cb, cache_held(common.ctrl_c_seen):
             yield run, cb
 
 

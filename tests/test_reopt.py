@@ -313,6 +313,10 @@ def test_history_entries_are_written_when_the_command_ends_and_not_on_ctrl_c(tmp
         assert [x["cached"] for x in again] == [True, True] and again[0]["values"] == b[1]["values"]
     assert [x["cached"] for x in b] == [True, False] and len(list(c.iterdir())) == 2
     assert [x["cached"] for x in solve_history(paths, 1.0, 0, c, jobs=jobs)] == [True, True]  # no block: at once
+    d = tmp_path / "d"
+    with cache_held(lambda: True):  # a Ctrl-C swallowed on its way up (commands pass common.ctrl_c_seen)
+        solve_history(paths, 1.0, 0, d, jobs=jobs)
+    assert not d.exists() or not any(d.iterdir())
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -251,11 +251,12 @@ _held: list | None = None  # cache entries held back by `cache_held`, written wh
 
 
 @contextlib.contextmanager
-def cache_held():
+def cache_held(interrupted=None):
     """History-cache entries made inside the block are written when it ends, and not at all when it ends
-    with Ctrl-C (KeyboardInterrupt): an interrupted command leaves nothing cached, not even the solves that
-    finished before the signal. On an error they are written (a failed run does not cost the next one its
-    finished solves). Nested blocks defer to the outermost."""
+    with Ctrl-C (KeyboardInterrupt, or `interrupted()` true at its end: a Ctrl-C something swallowed): an
+    interrupted command leaves nothing cached, not even the solves that finished before the signal. On an
+    error they are written (a failed run does not cost the next one its finished solves). Nested blocks
+    defer to the outermost."""
     global _held
     if _held is not None:
         yield
@@ -269,7 +270,8 @@ def cache_held():
         _write_held()
         raise
     else:
-        _write_held()
+        if interrupted is None or not interrupted():
+            _write_held()
     finally:
         _held = None
 
