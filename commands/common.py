@@ -60,12 +60,16 @@ def debug_enabled() -> bool:
 
 class _CtrlC:
     """Whether Ctrl-C came while a command ran. A C library's callback can swallow the KeyboardInterrupt raised in
-    it (seen: llvmlite's object-cache callback during numba's first compile, whose failure then surfaces as a
-    RuntimeError): the command still ends as interrupted, and the swallowed interrupt prints no traceback."""
+    it (seen: llvmlite's object-cache callback during numba's first compile; the compile then either fails with a
+    RuntimeError or goes on, once for 9-27 s): the swallowed interrupt prints no traceback, the signal is sent
+    again from another thread (`_rearm`) so that it is raised in the code that called into C, and the command
+    ends as interrupted whatever happens next."""
+
+    REARM_S = 0.01  # after this long the swallowed signal is sent again (the callback has returned by then)
 
     def __init__(self):
         self.seen = False
-        self._sig = self._hook = None
+        self._sig = self._hook = self._timer = None
 
     def __enter__(self):
         import signal
@@ -86,10 +90,27 @@ class _CtrlC:
     def _on_unraisable(self, u) -> None:
         if not (self.seen and isinstance(u.exc_value, KeyboardInterrupt)):
             self._hook(u)
+        elif self._sig is not None:
+            self._rearm()
+
+    def _rearm(self) -> None:
+        """Send SIGINT again shortly, from a timer thread: raising it here, in the hook, would only be swallowed
+        again; a callback that swallows the new one re-arms it again."""
+        import os
+        import signal
+        import threading
+
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(self.REARM_S, os.kill, (os.getpid(), signal.SIGINT))
+        self._timer.daemon = True
+        self._timer.start()
 
     def __exit__(self, *exc) -> bool:
         import signal
 
+        if self._timer is not None:
+            self._timer.cancel()
         sys.unraisablehook = self._hook
         if self._sig is not None:
             signal.signal(signal.SIGINT, self._sig)

@@ -172,6 +172,39 @@ def test_ctrl_c_swallowed_by_a_library_still_ends_as_interrupted(capsys):
     assert ei.value.exit_code == 1
 
 
+def test_ctrl_c_swallowed_by_a_callback_that_goes_on_stops_the_command_at_once(capsys):
+    """llvmlite's object-cache callback swallowed a Ctrl-C during numba's first compile and the compile went on
+    (the CI of 2026-12-02: cabs-merge took 26.6 s to stop; probes 6-12 s): the signal is sent again once the
+    callback returned, and raised in the code that called into C. Here a 'library' swallows it (reported as
+    unraisable, as ctypes does) and works on for up to 5 s: the command stops within a second."""
+    import signal
+    import time
+
+    import click
+
+    from icmltools.commands.common import run_guarded
+
+    def library_work():
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except KeyboardInterrupt as e:
+            sys.unraisablehook(type("U", (), {"exc_type": KeyboardInterrupt, "exc_value": e,
+                                              "exc_traceback": e.__traceback__, "err_msg": None,
+                                              "object": None})())
+        t = time.perf_counter()
+        while time.perf_counter() - t < 5:  # the compile going on
+            sum(range(1000))
+        return "finished"
+
+    t0 = time.perf_counter()
+    with pytest.raises(click.ClickException) as ei:
+        run_guarded(library_work)
+    assert ei.value.exit_code == 130 and time.perf_counter() - t0 < 1
+    assert "Traceback" not in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    time.sleep(0.05)  # no second signal arrives after the command (the timer fired, or was cancelled)
+
+
 def test_broken_pipe_exits_quietly():
     code = "from icmltools.commands.cli import main; main(['env'])"
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
