@@ -61,7 +61,7 @@ def debug_enabled() -> bool:
 class _CtrlC:
     """Whether Ctrl-C came while a command ran. A C library's callback can swallow the KeyboardInterrupt raised in
     it (seen: llvmlite's object-cache callback during numba's first compile; the compile then either fails with a
-    RuntimeError or goes on, once for 9-27 s): the swallowed interrupt prints no traceback, the signal is sent
+    RuntimeError or goes on, 6-27 s in our runs): the swallowed interrupt prints no traceback, the signal is sent
     again from another thread (`_rearm`) so that it is raised in the code that called into C, and the command
     ends as interrupted whatever happens next."""
 

@@ -211,9 +211,8 @@ def _cache_file(cache_dir, sha: str, limit: HistoryLimit, seed: int) -> Path | N
 def _read_cache(cfile: Path | None) -> dict | None:
     """The entry of `cfile`: held by this command (`cache_held`; also in its --jobs workers, forked after it
     was made), else on disk; None if neither."""
-    held = [d for f, d in _held or () if f == cfile]
-    if cfile is not None and held:
-        return dict(held[0], cached=True)
+    if cfile is not None and _held and cfile in _held:
+        return dict(_held[cfile], cached=True)
     if cfile is None or not cfile.is_file():
         return None
     try:
@@ -247,7 +246,7 @@ def _history_job(args):
     return d, cfile
 
 
-_held: list | None = None  # cache entries held back by `cache_held`, written when its block ends
+_held: dict | None = None  # {cache file: entry} held back by `cache_held`, written when its block ends
 
 
 @contextlib.contextmanager
@@ -261,7 +260,7 @@ def cache_held(interrupted=None):
     if _held is not None:
         yield
         return
-    _held = []
+    _held = {}
     try:
         yield
     except KeyboardInterrupt:
@@ -277,9 +276,8 @@ def cache_held(interrupted=None):
 
 
 def _write_held() -> None:
-    held = _held or []
-    while held:
-        _write_entry(*held.pop(0))
+    for cfile, d in (_held or {}).items():
+        _write_entry(cfile, d)
 
 
 def _store(cfile: Path | None, d: dict) -> None:
@@ -287,7 +285,7 @@ def _store(cfile: Path | None, d: dict) -> None:
     if cfile is None:
         return
     if _held is not None:
-        _held.append((cfile, d))
+        _held[cfile] = d
     else:
         _write_entry(cfile, d)
 

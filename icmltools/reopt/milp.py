@@ -261,10 +261,11 @@ def c_stdout_captured(echo: bool = False):
     pipe, and a verbose solve would block on a full one."""
     import ctypes
     import tempfile
+    import types
 
     fflush = ctypes.CDLL(None).fflush  # looked up before the block: a first lookup runs Python code
     fflush(None)
-    out = _Captured()
+    out = types.SimpleNamespace(text="")
     with tempfile.TemporaryFile() as f:
         saved = os.dup(1)
         try:
@@ -284,10 +285,6 @@ def c_stdout_captured(echo: bool = False):
         view = memoryview(raw) if echo else memoryview(b"")
         while view:  # a pipe or terminal may take part of it at a time
             view = view[os.write(1, view):]
-
-
-class _Captured:
-    text = ""
 
 
 def scip_reason(errors: list, exc: BaseException | None = None) -> str:
