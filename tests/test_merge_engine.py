@@ -780,3 +780,56 @@ def test_without_numba_the_torch_path_runs(tmp_path, monkeypatch):
     code = "import icmltools.merge.engine, icmltools.merge.methods, sys; print('numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # numba is imported on the first kernel call, not with the engine
+
+
+@needs_numba
+@pytest.mark.parametrize("k", [1, 4, 5, 7])
+@pytest.mark.parametrize("dare", [False, True])
+def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare):
+    """The one-pass loops' generated per-model-count span (_fused_span) gives, bitwise, the block-by-block path:
+    each model's task vector pruned in its own row by the same rule (top-k: |x| > t, or >= t where ties are kept,
+    a model keeping none or all; DARE: x / d where the mask keeps, a model with p = 0 as is), then _combine_block;
+    model counts the file-level tests do not reach, both combinations, weighted and not, with ties at every
+    threshold and a non-finite task vector counted."""
+    import numba
+    import numpy as np
+
+    from icmltools.merge import _kernels_numba as km
+
+    @numba.njit
+    def fused(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
+        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt)
+
+    rng = np.random.default_rng(k + 10 * dare)
+    n = 3000
+    base = (rng.integers(-40, 40, n) * 2.0 ** -8).astype(np.float32)
+    raws = tuple((base + rng.integers(-6, 7, n) * 2.0 ** -9).astype(np.float32) for _ in range(k))
+    raws[k - 1][17] = np.inf
+    absx = [np.abs(r - base) for r in raws]
+    tv = np.array([np.quantile(a, 0.6) for a in absx], np.float32)  # on a value: ties at every threshold
+    tf = rng.random(k) < 0.5
+    if not dare and k > 1:
+        tv[0], tf[0] = np.inf, False  # keeps none
+        tv[1] = -1.0  # keeps all
+    masks = (rng.random((k, n)) < 0.4).astype(np.uint8)
+    dv = np.where(tf, 1.0, rng.choice([0.3, 0.5, 0.9], k)).astype(np.float32) if dare else np.ones(k, np.float32)
+    rows = np.empty((k, n), np.float32)
+    for i in range(k):
+        x = (raws[i] - base).astype(np.float32)
+        if dare:
+            rows[i] = np.where(tf[i] | (masks[i] != 0), x / dv[i], np.float32(0))
+        else:
+            a = np.abs(x)
+            rows[i] = np.where((a > tv[i]) | (tf[i] & (a == tv[i])), x, np.float32(0))
+    for weights in (np.ones(k, np.float32), rng.choice([0.5, -1.25, 2.0], k).astype(np.float32)):
+        weighted = bool((weights != 1).any())
+        for consensus in (False, True):
+            o, pt = np.empty(n, np.float32), np.empty(n, np.uint8)
+            got = fused(base, raws, tuple(masks) if dare else None, tv, tf, dv, weights, consensus, True, o, pt)
+            ref, rpt = np.empty(n, np.float32), np.empty(n, np.uint8)
+            h4 = np.zeros((4, 256), np.int64)
+            want = km._combine_block(rows, n, weights.astype(np.float64), weighted, consensus, True, ref, rpt, h4,
+                                     np.empty((3, n), np.float32))
+            bad_tau = sum(int((~np.isfinite(r - base)).sum()) for r in raws)
+            assert (got[0], got[1]) == (want[0] + bad_tau, want[1]) and got[0] > 0
+            assert np.array_equal(o.view(np.uint32), ref.view(np.uint32)) and np.array_equal(pt, rpt)

@@ -1194,20 +1194,47 @@ def _tau_block(rs, bs, x):
 
 
 @_jit
-def _ties_before(base, raws, lo, hi, modes, thrs, alls, x):
+def _ties_before(base, raws, lo, hi, modes, thrs, alls):
     """Per model: the ties at its threshold in [lo, hi) (0 where the count is not needed)."""
     K = len(raws)
-    out = np.zeros(K, np.int64)
+    tv = np.empty(K, np.float32)
     for k in range(K):
-        if modes[k] != 2 or alls[k]:
-            continue
-        t = np.float32(thrs[k])
-        for s in range(lo, hi, _BLOCK):
-            e = min(hi, s + _BLOCK)
-            xs = x[:e - s]
-            _tau_block(raws[k][s:e], base[s:e], xs)
-            out[k] += _count_ties(xs, t)
+        tv[k] = np.float32(thrs[k])
+    out = np.zeros(K, np.int64)
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        packed = _ties_span(base[s:e], _slices(raws, s, e), tv)
+        for k in range(K):
+            if modes[k] == 2 and not alls[k]:
+                out[k] += _unpack(packed, k)
     return out
+
+
+@_jit
+def _ties_span(bs, rs, tv):
+    """The elements with |rs[k] - bs| == tv[k] per model k over one span of at most 2^16 elements, packed 16 bits
+    a model into two words (models 0-3, 4-7): one loop over the elements with the models inside it, so the base
+    is read once and the loop vectorises (0.17 ns per model and element, one thread, 4 bf16 models of 2^25
+    elements; a model at a time over a float32 scratch block: 0.87-0.93)."""
+    K = len(rs)
+    lo = np.uint64(0)
+    hi = np.uint64(0)
+    for j in range(bs.shape[0]):
+        b = as_f32(bs, j)
+        for k in range(K):
+            eq = np.uint64(abs(as_f32(rs[k], j) - b) == tv[k])
+            if k < 4:
+                lo += eq << np.uint64(16 * k)
+            else:
+                hi += eq << np.uint64(16 * (k - 4))
+    return lo, hi
+
+
+@_jit
+def _unpack(packed, k):
+    """Model k's count in _ties_span's result."""
+    w = packed[0] if k < 4 else packed[1]
+    return np.int64((w >> np.uint64(16 * (k % 4))) & np.uint64(0xFFFF))
 
 
 @_jit
@@ -1289,28 +1316,164 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
 def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
                  normalize, out, h4):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
-    (each model's DARE drop) over [lo, hi): per block of _BLOCK, every model's tau pruned in a scratch row, then
-    combined. Returns (non-finite count, nonzeros of the result)."""
+    (each model's DARE drop) over [lo, hi), per block of _BLOCK: every model's rule made one comparison (a top-k
+    block where each model's ties at its threshold are all kept or all dropped, known from their count; DARE),
+    then :func:`_fused_span`; a block where a model's quota of ties runs out goes model by model (its tau pruned
+    in a scratch row, then combined). Returns (non-finite count, nonzeros of the result)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
     sc = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
+    tv = np.empty(K, np.float32)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
+    tf = np.zeros(K, np.bool_)
+    dv = np.ones(K, np.float32)  # DARE's divisor (1: p = 0, x / 1 == x)
+    wv = np.ones(K, np.float32)
+    counted = False
+    for k in range(K):
+        if weighted:
+            wv[k] = np.float32(ws[k])
+        if dare:
+            tf[k] = ds[k] <= 0
+            dv[k] = np.float32(ds[k]) if ds[k] > 0 else np.float32(1.0)
+        else:
+            tv[k] = np.float32(thrs[k]) if modes[k] == 2 else (np.float32(np.inf) if modes[k] == 0 else
+                                                                np.float32(-1.0))
+            counted |= modes[k] == 2
     bad = 0
     nz = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         L = e - s
-        for k in range(K):
-            x = tb[k, :L]
-            bad += _tau_block(raws[k][s:e], base[s:e], x)
-            if not dare:
-                seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
-            elif ds[k] > 0:
-                _dare_block(x, masks[k][s:e], np.float32(ds[k]))
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
+        rs = _slices(raws, s, e)
+        if dare:
+            b, z = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus, normalize,
+                               out[s:e], pat[:L])
+        else:
+            packed = _ties_span(base[s:e], rs, tv) if counted else (np.uint64(0), np.uint64(0))
+            split = False
+            for k in range(K):
+                if modes[k] == 2:
+                    c = _unpack(packed, k)
+                    tf[k] = alls[k] or seen[k] + c <= lefts[k]
+                    split |= not (tf[k] or seen[k] >= lefts[k])
+            if split:
+                for k in range(K):
+                    x = tb[k, :L]
+                    bad += _tau_block(raws[k][s:e], base[s:e], x)
+                    seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+                b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
+                bad += b
+                nz += z
+                continue
+            for k in range(K):
+                if modes[k] == 2:
+                    seen[k] += _unpack(packed, k)
+            b, z = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L])
+        _count_bytes(pat[:L], h4)
         bad += b
         nz += z
     return bad, nz
+
+
+def _slices(raws, lo, hi):
+    """(raws[0][lo:hi], raws[1][lo:hi], ...): the models' spans as a tuple (generated for its length when
+    compiled), so loops over them index from 0 and vectorise."""
+
+
+@overload(_slices)
+def _slices_impl(raws, lo, hi):
+    return _generated("raws, lo, hi", "(" + "".join(f"raws[{k}][lo:hi], " for k in range(len(raws))) + ")")
+
+
+def _rows(masks, raws, lo, hi):
+    """(masks[0, lo:hi], masks[1, lo:hi], ...), a row per model of raws (generated as _slices)."""
+
+
+@overload(_rows)
+def _rows_impl(masks, raws, lo, hi):
+    return _generated("masks, raws, lo, hi", "(" + "".join(f"masks[{k}, lo:hi], " for k in range(len(raws))) + ")")
+
+
+def _generated(args: str, expr: str):
+    ns: dict = {}
+    exec(f"def f({args}):\n    return {expr}\n", ns)  # our own text: tuple expressions over literal indices
+    return ns["f"]
+
+
+def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
+    """One span of every model combined element by element, the models written out (generated for their count
+    and for DARE (ms: the mask rows) or top-k (ms None) when compiled: a loop over a tuple of models indexed at
+    run time stayed scalar, 2.9-17 ns per model and element for DARE, measured). Model k's value
+    x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
+    ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
+    (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
+    (bits). Returns (non-finite count, nonzeros of the result (consensus: of the divisor)).
+
+    One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
+    DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15)."""
+
+
+@overload(_fused_span)
+def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
+    ns = {"np": np, "as_f32": as_f32, "_bad": _bad}
+    exec(_fused_src(len(rs), not isinstance(ms, types.NoneType)), ns)  # our own text (see _fused_src)
+    return ns["f"]
+
+
+def _fused_src(K: int, dare: bool) -> str:
+    """The source of _fused_span for K models (x{k}: tau, v{k}: kept value, model k's scalars hoisted)."""
+    lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):",
+             "    zero = np.float32(0.0)",
+             "    one = np.float32(1.0)",
+             "    bad = 0",
+             "    nz = 0"]
+    add = lines.append
+    for k in range(K):
+        add(f"    r{k} = rs[{k}]")
+        add(f"    t{k} = tv[{k}]")
+        add(f"    f{k} = tf[{k}]")
+        add(f"    d{k} = dv[{k}]")
+        add(f"    w{k} = ws[{k}]")
+        if dare:
+            add(f"    m{k} = ms[{k}]")
+    for consensus in (False, True):
+        add(f"    if {'' if consensus else 'not '}consensus:")
+        add("        for j in range(bs.shape[0]):")
+        add("            b = as_f32(bs, j)")
+        for k in range(K):
+            add(f"            x{k} = as_f32(r{k}, j) - b")
+            if dare:
+                add(f"            v{k} = x{k} / d{k}")
+                add(f"            v{k} = v{k} if f{k} | (m{k}[j] != 0) else zero")
+            else:
+                add(f"            a{k} = abs(x{k})")
+                add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & (a{k} == t{k})) else zero")
+        add("            c = " + " + ".join(f"_bad(x{k})" for k in range(K)))
+        add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
+                                            for k in range(K)))
+        add("            t = v0 * w0")
+        for k in range(1, K):
+            add(f"            t = t + v{k} * w{k}")
+        if not consensus:
+            add("            o[j] = t")
+            add("            bad += c + _bad(t)")
+            add("            nz += t != zero")
+            continue
+        add("            sg = np.float32(t > zero) - np.float32(t < zero)")  # the elected sign; 0 elects none
+        add("            acc = zero")
+        add("            div = zero")
+        for k in range(K):
+            add(f"            p{k} = v{k} * w{k}")
+            add(f"            ok{k} = p{k} * sg > zero")
+            add(f"            acc = acc + (p{k} if ok{k} else zero)")
+            add(f"            div = div + (w{k} if ok{k} else zero)")
+        add("            nz += div != zero")
+        add("            if normalize:")
+        add("                acc = acc / (one if div == zero else div)")
+        add("            o[j] = acc")
+        add("            bad += c + _bad(t) + _bad(acc)")
+    add("    return bad, nz")
+    return "\n".join(lines) + "\n"
 
 
 @_pjit
@@ -1329,7 +1492,7 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     if need and T > 1:
         for p in prange(T):
             lo, hi = _piece(n, p, T, 4096)
-            before[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls, np.empty(_BLOCK, np.float32))
+            before[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls)
         for p in range(T):
             before[p + 1] += before[p]
     weighted = False
