@@ -1336,9 +1336,11 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
             tf[k] = ds[k] <= 0
             dv[k] = np.float32(ds[k]) if ds[k] > 0 else np.float32(1.0)
         else:
-            tv[k] = np.float32(thrs[k]) if modes[k] == 2 else (np.float32(np.inf) if modes[k] == 0 else
-                                                                np.float32(-1.0))
-            counted |= modes[k] == 2
+            if modes[k] == 2:
+                tv[k] = np.float32(thrs[k])
+                counted = True
+            else:  # mode 0 keeps none (|tau| > inf), mode 1 all (|tau| > -1)
+                tv[k] = np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0)
     bad = 0
     nz = 0
     for s in range(lo, hi, _BLOCK):
@@ -1382,7 +1384,8 @@ def _slices(raws, lo, hi):
 
 @overload(_slices)
 def _slices_impl(raws, lo, hi):
-    return _generated("raws, lo, hi", "(" + "".join(f"raws[{k}][lo:hi], " for k in range(len(raws))) + ")")
+    return _defined("def f(raws, lo, hi):\n    return (" + "".join(f"raws[{k}][lo:hi], " for k in range(len(raws)))
+                    + ")\n")
 
 
 def _rows(masks, raws, lo, hi):
@@ -1391,19 +1394,22 @@ def _rows(masks, raws, lo, hi):
 
 @overload(_rows)
 def _rows_impl(masks, raws, lo, hi):
-    return _generated("masks, raws, lo, hi", "(" + "".join(f"masks[{k}, lo:hi], " for k in range(len(raws))) + ")")
+    return _defined("def f(masks, raws, lo, hi):\n    return ("
+                    + "".join(f"masks[{k}, lo:hi], " for k in range(len(raws))) + ")\n")
 
 
-def _generated(args: str, expr: str):
-    ns: dict = {}
-    exec(f"def f({args}):\n    return {expr}\n", ns)  # our own text: tuple expressions over literal indices
+def _defined(src: str):
+    """The function `f` defined by `src`, our own generated text (literal model indices), with this module's
+    names in scope."""
+    ns = dict(globals())
+    exec(src, ns)
     return ns["f"]
 
 
 def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
     """One span of every model combined element by element, the models written out (generated for their count
     and for DARE (ms: the mask rows) or top-k (ms None) when compiled: a loop over a tuple of models indexed at
-    run time stayed scalar, 2.9-17 ns per model and element for DARE, measured). Model k's value
+    run time stayed scalar, 2.9-18 ns per model and element for DARE, measured). Model k's value
     x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
     ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
     (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
@@ -1415,9 +1421,7 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
 
 @overload(_fused_span)
 def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
-    ns = {"np": np, "as_f32": as_f32, "_bad": _bad}
-    exec(_fused_src(len(rs), not isinstance(ms, types.NoneType)), ns)  # our own text (see _fused_src)
-    return ns["f"]
+    return _defined(_fused_src(len(rs), not isinstance(ms, types.NoneType)))
 
 
 def _fused_src(K: int, dare: bool) -> str:
@@ -1540,15 +1544,6 @@ def dare_masks(mts, poss, thrs, masks):
     for k in prange(mts.shape[0]):
         if thrs[k] >= 0:
             _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
-
-
-@_jit
-def _dare_block(x, m, d):
-    """x = x / d where m, else 0 (dare_tensor's div_ then drop), over one block (1-D slices: vectorised)."""
-    zero = np.float32(0.0)
-    for j in range(x.shape[0]):
-        v = x[j] / d
-        x[j] = v if m[j] != 0 else zero
 
 
 def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
