@@ -90,23 +90,30 @@ def main(argv=None):
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(1)
     except SystemExit as e:
-        if e.code == 130:
-            _exit_interrupted()
+        from icmltools.core.device import exits_without_finalizing
+
+        if e.code == 130 or exits_without_finalizing():
+            _exit_now(e.code)
         raise
 
 
-def _exit_interrupted():
-    """Exit 130 after Ctrl-C, every time. CPython remembers a KeyboardInterrupt that passed through code run by
+def _exit_now(code):
+    """Run the exit handlers, flush, and leave by os._exit with `code` (SystemExit's: None 0, an int, else
+    printed and 1), skipping the interpreter's finalization; only from the console entry point, never inside
+    CliRunner. After Ctrl-C (130): CPython remembers a KeyboardInterrupt that passed through code run by
     `exec(<string>)` (dataclass and namedtuple creation do that, e.g. while torch imports) even when we caught
-    it, and then ends the process by SIGINT instead of our exit code (seen in CI: -2 instead of 130). So the
-    exit handlers run here and the process leaves with os._exit (only from the console entry point, never
-    inside CliRunner)."""
+    it, and then ends the process by SIGINT instead of our exit code (seen in CI: -2 instead of 130). And for a
+    process whose C libraries' threads would touch Python during finalization (a torchrun rank:
+    :func:`icmltools.core.device.exit_without_finalizing`)."""
     import atexit
 
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
             pass
-    os._exit(130)
+    os._exit(code or 0)

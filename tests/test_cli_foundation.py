@@ -243,6 +243,38 @@ def test_ctrl_c_exits_130_even_after_a_caught_interrupt_in_exec(tmp_path):
     assert codes == {"plain": -2, "entry": 130}
 
 
+_SKIP_FINALIZING = """
+import atexit, sys
+from icmltools.core import device
+from icmltools.commands.cli import main
+
+class Finalized:  # module globals are released during the interpreter's finalization
+    def __del__(self):
+        print("finalized", file=sys.stderr)
+
+kept = Finalized()
+atexit.register(lambda: print("exit handlers ran", file=sys.stderr))
+if sys.argv[1] == "skip":
+    device.exit_without_finalizing()
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("how", ["plain", "skip"])
+def test_a_process_that_joined_a_process_group_exits_without_finalizing(tmp_path, how):
+    """A torchrun rank leaves by os._exit once the command is done (gloo's threads outlive the group and abort
+    the process if finalization meets one releasing its last work): exit handlers run, output is flushed, the
+    exit code is the command's, and nothing is finalized; other processes finalize as usual."""
+    (tmp_path / "skip_finalizing.py").write_text(_SKIP_FINALIZING)
+    for args, code in ((["--version"], 0), (["no-such-command"], 2)):
+        p = subprocess.run([sys.executable, "skip_finalizing.py", how, *args], cwd=tmp_path, capture_output=True,
+                           text=True)
+        assert p.returncode == code and "exit handlers ran" in p.stderr, p.stderr
+        assert ("finalized" in p.stderr) == (how == "plain"), p.stderr
+        assert (code == 0) == p.stdout.startswith("icml, version"), p.stdout
+        assert (code == 2) == ("No such command" in p.stderr)
+
+
 def test_completions_are_current():
     from click.shell_completion import get_completion_class
 

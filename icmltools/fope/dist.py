@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from icmltools.core.device import exit_without_finalizing
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -50,6 +52,7 @@ def join(device: str) -> tuple[Dist, str]:
         torch.cuda.set_device(info.local_rank)
     if not tdist.is_initialized():
         tdist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+    exit_without_finalizing()  # the backend's threads outlive the group: see core.device
     return info, device
 
 
