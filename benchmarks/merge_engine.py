@@ -165,13 +165,16 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1) -> dict:
         out = out.with_suffix(".safetensors") if fmt == "safetensors" else out
         E.merge_to_checkpoint(base, models, E.make_plan(mode, n), 1.0, out)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+    extra = {}
+    if mode not in ("read", "read_write") and sum(K.WINDOWS.values()):  # a scanning method: its threshold selections
+        extra["selections"] = dict(K.WINDOWS)  # with every low histogram counted in the high pass (hit), or not
     if mode != "read":  # the benchmark's own clean-up, not timed (deleting a 1 GB file took 0.07-0.2 s here)
         shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
         Path(str(out) + ".json").unlink(missing_ok=True)
     peak = _vm("VmHWM")
     return {"seconds": round(dt, 2), "cpu_seconds": round(cpu, 2), "bytes": nbytes, "gb_per_s": round(nbytes / 1e9 / dt, 3),
             "peak_rss_gb": round((peak - rss0) / 1e9, 3), "import_rss_gb": round(rss0 / 1e9, 3),
-            "peak_rss_total_gb": round(peak / 1e9, 3), "kernels_load_seconds": round(load, 2)}
+            "peak_rss_total_gb": round(peak / 1e9, 3), "kernels_load_seconds": round(load, 2), **extra}
 
 
 def fresh_memory_rate(gb: float = 0.5) -> float:

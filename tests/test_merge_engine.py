@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -729,6 +730,52 @@ def test_radix_select_and_chunked_topk_loops_equal_the_torch_path():
                 c = x[a0:a0 + 700]
                 want = c.masked_fill(~ref.mask(c, 0), 0)
                 assert torch.equal(fast.prune(c.clone(), 0), want), (k, keep_ties, a0)
+
+
+def test_bucket_windows_cover_the_sampled_quantile_within_their_cap():
+    desc = np.zeros(1 << 15, np.int64)
+    desc[901:1001] = 100  # 10,000 sampled values, 100 in each bucket from 1000 down to 901
+    # the 20 % quantile is sample index 1999 (bucket 981), 4 standard errors are 160 places: indices 1839-2159
+    assert K.bucket_windows(desc, [200_000], 1_000_000) == [(979, 4)]  # buckets 982 down to 979
+    assert K.bucket_windows(desc, [200_000], 1_000_000, most=3) == [(980, 3)]  # capped: centred on 981
+    assert K.bucket_windows(desc, [200_000, 800_000], 1_000_000) == [(919, 4), (979, 4)]  # two, sorted
+    assert K.bucket_windows(desc, [200_000, 200_010], 1_000_000) == [(979, 4)]  # overlapping: one
+    assert K.bucket_windows(desc, [200_000, 240_000], 1_000_000, most=3) == [(976, 3), (980, 3)]  # apart
+    assert K.bucket_windows(desc, [200_000, 230_000], 1_000_000, most=3) == [(977, 6)]  # touching: one
+    assert K.bucket_windows(desc, [0, 1_000_000], 1_000_000) == [] == K.bucket_windows(desc * 0, [5], 10)
+
+
+@needs_numba
+def test_radix_select_tau_with_bucket_windows_equals_the_low_pass(counted, monkeypatch):
+    """On a tensor large enough for the sample (2^21 elements), the thresholds, counts above and ties come from
+    the low histograms counted in the high pass when the windows hold the buckets (no low pass runs), and from
+    the low pass when they do not: the same as two passes either way, with `taken` and bf16 or float32 inputs."""
+    g = torch.Generator().manual_seed(5)
+    n = K.WINDOW_MIN + 4099
+    base = (torch.randn(n, generator=g) * 0.05).to(torch.bfloat16)
+    step = torch.randint(-7, 8, (n,), generator=g) * 2.0 ** -10  # bf16 task vectors: many equal |tau|
+    raw = (base.float() + step * (1 + torch.rand(n, generator=g))).to(torch.bfloat16)
+    taken = torch.rand(n, generator=g) < 0.3
+    cases = [(raw, base, None), (raw.float(), base, taken), (raw, base.float(), None)]
+    for r, b, tk in cases:
+        for ks in ([n // 5], [n // 5, n // 100], [n // 5, n // 5 + 3], [1, n - 1, n // 2]):
+            with monkeypatch.context() as mp:
+                mp.setattr(K, "WINDOW_MIN", 1 << 62)
+                want = K.radix_select_tau(r, b, ks, tk)
+            counted.calls.clear()
+            before = dict(K.WINDOWS)
+            assert K.radix_select_tau(r, b, ks, tk) == want, ks
+            assert counted.calls.get("hist_tau_windows") == 1 and not counted.calls.get("hist_hi_tau")
+            if len(ks) <= 2:  # the sample placed every bucket: no low pass
+                assert K.WINDOWS["hit"] == before["hit"] + 1 and not counted.calls.get("hist_lo_tau"), ks
+            with monkeypatch.context() as mp:  # windows that miss: the low pass runs, same answer
+                mp.setattr(K, "bucket_windows", lambda desc, ks, n: [(1, 3), (9, 2)])
+                counted.calls.clear()
+                assert K.radix_select_tau(r, b, ks, tk) == want, ks
+                assert counted.calls.get("hist_lo_tau"), ks
+    bad = raw.clone()
+    bad[n - 3] = float("inf")
+    assert K.radix_select_tau(bad, base, [n // 5])[1] == 1
 
 
 @needs_numba

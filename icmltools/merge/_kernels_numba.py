@@ -912,6 +912,42 @@ def hist_lo_tau(raw, base, bucket, counts, taken):
     _add_parts(counts, part)
 
 
+@_jit
+def sample_hi_tau(raw, base, taken, starts, width, out):
+    """out = the high 16 bits of |tau| (0 where taken) over [a, a + width) for each a of `starts`, in order."""
+    ub = np.empty(width, np.uint32)
+    for i in range(starts.shape[0]):
+        a = starts[i]
+        _tau_bits(raw[a:a + width], base[a:a + width], ub)
+        _drop_taken(ub, _part_of(taken, a, a + width))
+        for k in range(width):
+            out[i * width + k] = (ub[k] & _ABS) >> np.uint32(16)
+
+
+@_pjit
+def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, threads):
+    """hist_hi_tau, and in the same pass the low histograms of the high-bit buckets s0 .. s0 + w0 - 1 (rows 0 ..
+    w0 - 1 of lo_counts) and s1 .. s1 + w1 - 1 (the rows after them; the two windows disjoint): the buckets a
+    sample says the k-th largest falls in, so the low pass over tau is not needed when it does. A piece of at
+    most 2^31 elements (int32 counts per piece); returns the number of non-finite tau elements. One piece per
+    thread (`threads`: numba's count, given, so the loop stays cacheable): each piece's window rows are zeroed
+    and summed (12 MB for 8 pieces of 6 rows); integer counts, so any cut gives the same."""
+    T = max(1, min(_n_pieces(raw.shape[0], 1), threads))
+    part = np.zeros((T, counts.shape[0]), np.int64)
+    lpart = np.zeros((T, lo_counts.shape[0], lo_counts.shape[1]), np.int32)
+    bads = np.zeros(T, np.int64)
+    for t in prange(T):
+        lo, hi = _piece(raw.shape[0], t, T, 1)
+        bads[t] = _hist_windows_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[t],
+                                     np.uint32(s0), np.uint32(w0), np.uint32(s1), np.uint32(w1), lpart[t])
+    _add_parts(counts, part)
+    for t in range(T):
+        for r in range(lo_counts.shape[0]):
+            for h in range(lo_counts.shape[1]):
+                lo_counts[r, h] += lpart[t, r, h]
+    return bads.sum()
+
+
 @_pjit
 def mark_above_tau(raw, base, thr, taken):
     """taken |= |tau| > thr with tau = raw - base computed on the fly (CA-magnitude's scan)."""
@@ -974,6 +1010,34 @@ def _hist_hi_span(rs, bs, tk, h):
         _drop_taken(u, _part_of(tk, s, e))
         for k in range(u.shape[0]):
             h[(u[k] & _ABS) >> np.uint32(16)] += 1
+    return bad
+
+
+@_jit
+def _hist_windows_span(rs, bs, tk, h, s0, w0, s1, w1, lo):
+    """_hist_hi_span, and lo[row, low 16 bits] += 1 where the high bits fall in a window (see hist_tau_windows):
+    one unsigned compare per window in the counting loop, which is scalar already (a rarely taken branch)."""
+    ub = np.empty(_BLOCK, np.uint32)
+    bad = 0
+    n = rs.shape[0]
+    for s in range(0, n, _BLOCK):
+        e = min(n, s + _BLOCK)
+        u = ub[:e - s]
+        _tau_bits(rs[s:e], bs[s:e], u)
+        for k in range(u.shape[0]):
+            bad += (u[k] & _EXP) == _EXP
+        _drop_taken(u, _part_of(tk, s, e))
+        for k in range(u.shape[0]):
+            v = u[k] & _ABS
+            b = v >> np.uint32(16)
+            h[b] += 1
+            d0 = b - s0
+            if d0 < w0:
+                lo[d0, v & np.uint32(0xFFFF)] += 1
+            else:
+                d1 = b - s1
+                if d1 < w1:
+                    lo[w0 + d1, v & np.uint32(0xFFFF)] += 1
     return bad
 
 

@@ -157,8 +157,10 @@ def _raw_pair_ok(raw, base, taken=None) -> bool:
 def radix_select_tau(raw, base, ks, taken=None):
     """radix_select of tau = raw - base (raw and base bf16 or float32; tau read as 0 where the bool `taken`) for
     each k of `ks`, without storing tau: one pass for the high histogram, one per distinct bucket for the low ones.
-    (list of (threshold, above, equal) or None per k (k <= 0 or k >= numel: no threshold), number of non-finite
-    tau elements), or None."""
+    On a tensor of at least 2^21 elements a sample first names the few buckets each k-th largest can fall in
+    (:func:`bucket_windows`), and the high pass counts their low histograms too: the low pass then runs only for
+    a bucket outside them (same counts, so the same thresholds). (list of (threshold, above, equal) or None per
+    k (k <= 0 or k >= numel: no threshold), number of non-finite tau elements), or None."""
     import numpy as np
 
     if not _raw_pair_ok(raw, base, taken):
@@ -166,11 +168,26 @@ def radix_select_tau(raw, base, ks, taken=None):
     r, b = _np(raw).reshape(-1), _np(base).reshape(-1)
     tk = None if taken is None else _np(taken).reshape(-1)
     km = _mod()
+    n = r.shape[0]
     hi = np.zeros(1 << 15, np.int64)
-    bad = int(km.hist_hi_tau(r, b, hi, tk))
+    los: dict = {}
+    wins = []
+    if WINDOW_MIN <= n < 1 << 31 and any(0 < k < n for k in ks):
+        starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+        sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
+        km.sample_hi_tau(r, b, tk, starts, _SAMPLE_WIDTH, sample)
+        wins = bucket_windows(np.bincount(sample, minlength=1 << 15), ks, n)
+    if wins:
+        (s0, w0), (s1, w1) = (wins + [(0, 0)])[:2]
+        rows = np.zeros((w0 + w1, 1 << 16), np.int64)
+        bad = int(km.hist_tau_windows(r, b, hi, tk, s0, w0, s1, w1, rows, km.numba.get_num_threads()))
+        los.update({s0 + d: rows[d] for d in range(w0)})
+        los.update({s1 + d: rows[w0 + d] for d in range(w1)})
+    else:
+        bad = int(km.hist_hi_tau(r, b, hi, tk))
     if bad:
         return [], bad
-    los: dict = {}
+    known = set(los)
 
     def lo_of(bucket, lo):
         if bucket not in los:
@@ -178,8 +195,48 @@ def radix_select_tau(raw, base, ks, taken=None):
             km.hist_lo_tau(r, b, bucket, los[bucket], tk)
         lo += los[bucket]
 
-    n = r.shape[0]
-    return [(select_from_histograms(hi, k, lo_of) if 0 < k < n else None) for k in ks], 0
+    got = [(select_from_histograms(hi, k, lo_of) if 0 < k < n else None) for k in ks]
+    WINDOWS["hit" if wins and set(los) == known else "missed" if wins else "none"] += 1
+    return got, 0
+
+
+WINDOW_MIN = 1 << 21  # smaller tensors: the low pass is short, no sample
+_SAMPLE_BLOCKS, _SAMPLE_WIDTH = 256, 256  # the sample: 256 runs of 256 elements, evenly spaced (2^16 elements)
+_WINDOW_MOST = 6  # buckets per window
+WINDOWS = {"hit": 0, "missed": 0, "none": 0}  # selections whose buckets were all in the windows, not, no windows
+
+
+def bucket_windows(sampled, ks, n: int, most: int = _WINDOW_MOST) -> list:
+    """Up to two disjoint windows [(first bucket, width)] of high-bit buckets that hold the k-th largest of n
+    values for each k of `ks`, predicted from a sample of their high bits (`sampled`: its count per bucket): the
+    buckets of the sample's quantiles 4 standard errors either side of k / n, at most `most` buckets (then
+    centred on the estimate's). A window that misses costs the low pass it would have saved, nothing else."""
+    import math
+
+    import numpy as np
+
+    from_top = np.cumsum(sampled[::-1])
+    size = int(from_top[-1]) if from_top.size else 0
+
+    def bucket(i):  # the bucket of the sample's (i+1)-th largest value
+        i = min(size - 1, max(0, i))
+        return sampled.shape[0] - 1 - int(np.searchsorted(from_top, i + 1))
+
+    spans = []
+    for k in ks:
+        if not 0 < k < n or size == 0:
+            continue
+        q = k / n
+        at, err = q * size - 1, 4.0 * math.sqrt(size * q * (1.0 - q))
+        top, bottom = bucket(math.floor(at - err)), bucket(math.ceil(at + err))
+        if top - bottom + 1 > most:
+            bottom = max(0, bucket(round(at)) - (most - 1) // 2)
+            top = bottom + most - 1
+        spans.append([bottom, top])
+    spans.sort()
+    if len(spans) == 2 and spans[1][0] <= spans[0][1] + 1:  # touching or overlapping: one window (<= 2 * most)
+        spans = [[spans[0][0], max(spans[0][1], spans[1][1])]]
+    return [(a, b - a + 1) for a, b in spans[:2]]
 
 
 def mark_above_tau(raw, base, thr: float, taken) -> bool:
