@@ -742,6 +742,7 @@ def test_bucket_windows_cover_the_sampled_quantile_within_their_cap():
     assert K.bucket_windows(desc, [200_000, 200_010], 1_000_000) == [(979, 4)]  # overlapping: one
     assert K.bucket_windows(desc, [200_000, 240_000], 1_000_000, most=3) == [(976, 3), (980, 3)]  # apart
     assert K.bucket_windows(desc, [200_000, 230_000], 1_000_000, most=3) == [(977, 6)]  # touching: one
+    assert K.bucket_windows(desc, [800_000, 200_000, 800_010], 1_000_000) == [(919, 4), (979, 4)]  # three: joined
     assert K.bucket_windows(desc, [0, 1_000_000], 1_000_000) == [] == K.bucket_windows(desc * 0, [5], 10)
 
 

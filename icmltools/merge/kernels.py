@@ -207,10 +207,10 @@ WINDOWS = {"hit": 0, "missed": 0, "none": 0}  # selections whose buckets were al
 
 
 def bucket_windows(sampled, ks, n: int, most: int = _WINDOW_MOST) -> list:
-    """Up to two disjoint windows [(first bucket, width)] of high-bit buckets that hold the k-th largest of n
-    values for each k of `ks`, predicted from a sample of their high bits (`sampled`: its count per bucket): the
-    buckets of the sample's quantiles 4 standard errors either side of k / n, at most `most` buckets (then
-    centred on the estimate's). A window that misses costs the low pass it would have saved, nothing else."""
+    """Up to two disjoint windows [(first bucket, width)] (the lowest) of high-bit buckets that hold the k-th
+    largest of n values for each k of `ks`, predicted from a sample of their high bits (`sampled`: its count per
+    bucket): the buckets of the sample's quantiles 4 standard errors either side of k / n, at most `most`
+    buckets (then centred on the estimate's). A window that misses costs the low pass it would have saved."""
     import math
 
     import numpy as np
@@ -233,10 +233,13 @@ def bucket_windows(sampled, ks, n: int, most: int = _WINDOW_MOST) -> list:
             bottom = max(0, bucket(round(at)) - (most - 1) // 2)
             top = bottom + most - 1
         spans.append([bottom, top])
-    spans.sort()
-    if len(spans) == 2 and spans[1][0] <= spans[0][1] + 1:  # touching or overlapping: one window (<= 2 * most)
-        spans = [[spans[0][0], max(spans[0][1], spans[1][1])]]
-    return [(a, b - a + 1) for a, b in spans[:2]]
+    joined: list = []
+    for a, b in sorted(spans):  # touching or overlapping spans become one window (the kernel's two are disjoint)
+        if joined and a <= joined[-1][1] + 1:
+            joined[-1][1] = max(joined[-1][1], b)
+        else:
+            joined.append([a, b])
+    return [(a, b - a + 1) for a, b in joined[:2]]
 
 
 def mark_above_tau(raw, base, thr: float, taken) -> bool:
