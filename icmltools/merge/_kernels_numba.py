@@ -930,8 +930,9 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
     w0 - 1 of lo_counts) and s1 .. s1 + w1 - 1 (the rows after them; the two windows disjoint): the buckets a
     sample says the k-th largest falls in, so the low pass over tau is not needed when it does. A piece of at
     most 2^31 elements (int32 counts per piece); returns the number of non-finite tau elements. One piece per
-    thread (`threads`: numba's count, given, so the loop stays cacheable): each piece's window rows are zeroed
-    and summed (12 MB for 8 pieces of 6 rows); integer counts, so any cut gives the same."""
+    thread (`threads`: numba's count, passed in, so the loop stays cacheable), not the usual 8: each piece's rows
+    are zeroed and summed (8 pieces of 6 rows would be 12 MB per call); integer counts, any cut gives the same.
+    The window tests are unsigned: a bucket below a window's first wraps to a large difference."""
     T = max(1, min(_n_pieces(raw.shape[0], 1), threads))
     part = np.zeros((T, counts.shape[0]), np.int64)
     lpart = np.zeros((T, lo_counts.shape[0], lo_counts.shape[1]), np.int32)
@@ -996,18 +997,27 @@ def _tau_bits(rs, bs, ub):
 
 
 @_jit
+def _block_bits(rs, bs, tk, s, e, ub):
+    """(u, c): u = ub[:e - s] = the float32 bits of tau over [s, e) of the piece, 0 where tk; c = its non-finite
+    tau count (taken elements included)."""
+    u = ub[:e - s]
+    _tau_bits(rs[s:e], bs[s:e], u)
+    c = 0
+    for k in range(u.shape[0]):
+        c += (u[k] & _EXP) == _EXP
+    _drop_taken(u, _part_of(tk, s, e))
+    return u, c
+
+
+@_jit
 def _hist_hi_span(rs, bs, tk, h):
     """h[high 16 bits of |tau|] += 1 over one piece (0 where tk); its non-finite tau count."""
     ub = np.empty(_BLOCK, np.uint32)
     bad = 0
     n = rs.shape[0]
     for s in range(0, n, _BLOCK):
-        e = min(n, s + _BLOCK)
-        u = ub[:e - s]
-        _tau_bits(rs[s:e], bs[s:e], u)
-        for k in range(u.shape[0]):
-            bad += (u[k] & _EXP) == _EXP
-        _drop_taken(u, _part_of(tk, s, e))
+        u, c = _block_bits(rs, bs, tk, s, min(n, s + _BLOCK), ub)
+        bad += c
         for k in range(u.shape[0]):
             h[(u[k] & _ABS) >> np.uint32(16)] += 1
     return bad
@@ -1021,12 +1031,8 @@ def _hist_windows_span(rs, bs, tk, h, s0, w0, s1, w1, lo):
     bad = 0
     n = rs.shape[0]
     for s in range(0, n, _BLOCK):
-        e = min(n, s + _BLOCK)
-        u = ub[:e - s]
-        _tau_bits(rs[s:e], bs[s:e], u)
-        for k in range(u.shape[0]):
-            bad += (u[k] & _EXP) == _EXP
-        _drop_taken(u, _part_of(tk, s, e))
+        u, c = _block_bits(rs, bs, tk, s, min(n, s + _BLOCK), ub)
+        bad += c
         for k in range(u.shape[0]):
             v = u[k] & _ABS
             b = v >> np.uint32(16)
