@@ -1026,7 +1026,9 @@ def _hist_hi_span(rs, bs, tk, h):
 @_jit
 def _hist_windows_span(rs, bs, tk, h, s0, w0, s1, w1, lo):
     """_hist_hi_span, and lo[row, low 16 bits] += 1 where the high bits fall in a window (see hist_tau_windows):
-    one unsigned compare per window in the counting loop, which is scalar already (a rarely taken branch)."""
+    one unsigned compare per window in the counting loop, which is scalar already (a rarely taken branch). Kept
+    apart from _hist_hi_span: the same loop with empty windows took 0.92 ns per element on one thread against
+    0.57 for the plain one."""
     ub = np.empty(_BLOCK, np.uint32)
     bad = 0
     n = rs.shape[0]
