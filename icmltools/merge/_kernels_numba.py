@@ -917,11 +917,9 @@ def sample_hi_tau(raw, base, taken, starts, width, out):
     """out = the high 16 bits of |tau| (0 where taken) over [a, a + width) for each a of `starts`, in order."""
     ub = np.empty(width, np.uint32)
     for i in range(starts.shape[0]):
-        a = starts[i]
-        _tau_bits(raw[a:a + width], base[a:a + width], ub)
-        _drop_taken(ub, _part_of(taken, a, a + width))
+        u, _ = _block_bits(raw, base, taken, starts[i], starts[i] + width, ub)
         for k in range(width):
-            out[i * width + k] = (ub[k] & _ABS) >> np.uint32(16)
+            out[i * width + k] = (u[k] & _ABS) >> np.uint32(16)
 
 
 @_pjit
@@ -942,10 +940,7 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
         bads[t] = _hist_windows_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[t],
                                      np.uint32(s0), np.uint32(w0), np.uint32(s1), np.uint32(w1), lpart[t])
     _add_parts(counts, part)
-    for t in range(T):
-        for r in range(lo_counts.shape[0]):
-            for h in range(lo_counts.shape[1]):
-                lo_counts[r, h] += lpart[t, r, h]
+    _add_parts(lo_counts.reshape(lo_counts.size), lpart.reshape((T, lo_counts.size)))
     return bads.sum()
 
 

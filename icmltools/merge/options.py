@@ -4,10 +4,13 @@ from __future__ import annotations
 # the engine's general methods (icmltools.merge.methods registers one class per name; a test checks they agree)
 METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs")
 # elements per chunk for methods that are local (element-wise rules, n:m blocks); 2^21 float32 = 8 MiB. Smaller
-# chunks cost more per-chunk work (calls, views, output slots): base + 4 bf16 models of 1 GB merged to disk, 2
-# threads, 2^20 -> 2^21, three rounds each (2026-12-03): task arithmetic 1.09-1.15 -> 0.96-1.09 s, NegMerge
-# 1.21-1.26 -> 1.05-1.10, DARE 1.61-1.75 -> 1.60-1.71, CABS 4.19-4.25 -> 4.00-4.01, TIES unchanged; 2^18 was
-# 1.5-2x slower, 2^22-2^23 no faster than 2^21 within this VM's noise. (At first 2^20, against 2^24: 1.3-2x.)
+# chunks cost more per-chunk work (calls into the loops, views, output slots): base + 4 bf16 models of 1 GB merged
+# to disk, 2 threads, 2^20 -> 2^21, rounds 2 and 3 of three, alternated (2026-12-03): task arithmetic 1.09-1.15 ->
+# 0.96-1.09 s, NegMerge 1.21-1.26 -> 1.05-1.10, DARE 1.61-1.75 -> 1.60-1.63, CABS 4.19-4.25 -> 4.00-4.01, TIES
+# 3.56-3.57 -> 3.54-3.56 (the first round, which ran 2^20 first on a cold start, left out: task arithmetic 2.22
+# against 1.22 s); 2^18 (another run, to /dev/shm): DARE 3.1-3.6 s against 1.90-1.93 at 2^21, task arithmetic
+# 1.54-1.57 against 1.28-1.34; 2^22 and 2^23 no faster than 2^21 within this VM's noise. (At first 2^20, against
+# 2^24: 1.3-2x.)
 CHUNK_ELEMS = 1 << 21
 # breadcrumbs: fraction of the largest magnitudes dropped (mergekit's `gamma` of magnitude_outliers)
 BREADCRUMBS_GAMMA = 0.01
