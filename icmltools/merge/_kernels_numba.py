@@ -1112,18 +1112,75 @@ def _bad(x):
     return (_f32_as_u32(x) & _EXP) == _EXP
 
 
+# The one-pass loops only need to know whether anything turned non-finite (a chunk that did goes model by model,
+# which names and counts): x - x is +0.0 for a finite x and NaN for NaN/inf, a sum of those is NaN as soon as one
+# is, and its bits are 0 or not; a loop keeps the max of those bits (a uint32 reduction: vectorised, where an
+# int64 count of _bad cost 15-25 % of the loop).
+@_jit
+def _nf(x):
+    """x - x: +0.0 for finite x, NaN for NaN/inf."""
+    return x - x
+
+
+@_jit
+def _flag(g):
+    """The bits of a sum of _nf terms: 0 when all were finite."""
+    return _f32_as_u32(g)
+
+
+@_jit
+def _emit(oraw, base, j, v, sc):
+    """oraw[j] = base_j + v * sc as apply_raw writes it (sc: 1, lambda or -lambda as float32: b + m * 1 == b + m
+    and b + m * -l == b - m * l, bitwise); 1 when the stored value is not finite, else 0 (uint32)."""
+    return np.uint32(put(oraw, j, as_f32(base, j) + v * sc))
+
+
+def _store(total, oraw, base, j, v, sc):
+    """A one-pass loop's result v of element j: total[j] = v (oraw None), or the output element (_emit) into
+    oraw; chosen when compiled, so each loop stays one specialised, vectorised loop. 1 for a non-finite output,
+    else 0 (uint32)."""
+
+
+@overload(_store)
+def _store_impl(total, oraw, base, j, v, sc):
+    if isinstance(oraw, types.NoneType):
+        def keep(total, oraw, base, j, v, sc):
+            total[j] = v
+            return np.uint32(0)
+        return keep
+    return lambda total, oraw, base, j, v, sc: _emit(oraw, base, j, v, sc)
+
+
+def _emit_span(oraw, base, merged, sc):
+    """_emit over a span (slices: indexed from 0, so the loop vectorises); nothing where oraw is None. 1 when an
+    output is not finite, else 0 (uint32)."""
+
+
+@overload(_emit_span)
+def _emit_span_impl(oraw, base, merged, sc):
+    if isinstance(oraw, types.NoneType):
+        return lambda oraw, base, merged, sc: np.uint32(0)
+
+    def span(oraw, base, merged, sc):
+        bo = np.uint32(0)
+        for j in range(merged.shape[0]):
+            bo = max(bo, _emit(oraw, base, j, merged[j], sc))
+        return bo
+    return span
+
+
 @_jit
 def _sum_at(base, raws, ws, j, weighted):
     """(sum_k (float32(raws[k][j]) - base[j]) * w_k in model order (the * w_k only when `weighted`; x * 1 == x),
-    number of non-finite task-vector elements)."""
+    the sum of the task-vector elements' _nf)."""
     b = as_f32(base, j)
     s = as_f32(raws[0], j) - b
-    c = _bad(s)
+    c = _nf(s)
     if weighted:
         s = s * np.float32(ws[0])
     for k in range(1, len(raws)):
         x = as_f32(raws[k], j) - b
-        c += _bad(x)
+        c = c + _nf(x)
         if weighted:
             x = x * np.float32(ws[k])
         s = s + x
@@ -1131,50 +1188,52 @@ def _sum_at(base, raws, ws, j, weighted):
 
 
 @_pjit
-def sum_raw(base, raws, ws, total, div):
+def sum_raw(base, raws, ws, total, div, oraw, sc):
     """Task arithmetic over every model's chunk at once (each input read once, tau never stored): total = sum_k
     tau_k * w_k, tau_k = float32(raws[k]) - base, in model order as tau_accumulate model after model; then
-    total / div where div > 0 (the uniform mean). Returns (non-finite task-vector elements and totals, nonzeros
-    of total)."""
+    total / div where div > 0 (the uniform mean). With an output chunk `oraw` (not None) the output goes
+    straight to it (see _emit) and total is not written. Returns (nonzero where a task-vector element or total
+    is not finite, nonzeros of total, nonzero where an output is not finite)."""
     weighted = False
     for k in range(len(raws)):
         weighted |= ws[k] != 1.0
-    bad = 0
+    bad = np.uint32(0)
     nz = 0
+    bo = np.uint32(0)
     if div > 0:
         df = np.float32(div)
         for j in prange(base.shape[0]):
             s, c = _sum_at(base, raws, ws, j, False)
             v = s / df
-            total[j] = v
-            bad += c + _bad(v)
+            bo = max(bo, _store(total, oraw, base, j, v, sc))
+            bad = max(bad, _flag(c + _nf(v)))
             nz += v != 0
     elif weighted:
         for j in prange(base.shape[0]):
             s, c = _sum_at(base, raws, ws, j, True)
-            total[j] = s
-            bad += c + _bad(s)
+            bo = max(bo, _store(total, oraw, base, j, s, sc))
+            bad = max(bad, _flag(c + _nf(s)))
             nz += s != 0
     else:
         for j in prange(base.shape[0]):
             s, c = _sum_at(base, raws, ws, j, False)
-            total[j] = s
-            bad += c + _bad(s)
+            bo = max(bo, _store(total, oraw, base, j, s, sc))
+            bad = max(bad, _flag(c + _nf(s)))
             nz += s != 0
-    return bad, nz
+    return bad, nz, bo
 
 
 @_jit
 def _consensus_at(base, raws, j):
-    """(sum, min, max of tau_k = raws[k][j] - base[j] in model order (as tau_sign_stats), non-finite count)."""
+    """(sum, min, max of tau_k = raws[k][j] - base[j] in model order (as tau_sign_stats), sum of their _nf)."""
     b = as_f32(base, j)
     s = as_f32(raws[0], j) - b
     lo = s
     hi = s
-    c = _bad(s)
+    c = _nf(s)
     for k in range(1, len(raws)):
         x = as_f32(raws[k], j) - b
-        c += _bad(x)
+        c = c + _nf(x)
         s = s + x
         lo = x if (x < lo or x != x) else lo
         hi = x if (x > hi or x != x) else hi
@@ -1182,50 +1241,55 @@ def _consensus_at(base, raws, j):
 
 
 @_pjit
-def consensus_raw(base, raws, total):
+def consensus_raw(base, raws, total, oraw, sc):
     """NegMerge over every model's chunk at once: the sum, min and max of tau_k = raws[k] - base in model order
-    (as tau_sign_stats) and the sign-consensual mean (as sign_consensus_finish) into total. Returns (non-finite
-    task-vector elements and sums, kept count)."""
+    (as tau_sign_stats) and the sign-consensual mean (as sign_consensus_finish) into total, or the output chunk
+    into oraw where it is not None (see _emit). Returns (nonzero where a task-vector element or sum is not
+    finite, kept count, nonzero where an output is not finite)."""
     nf = np.float32(len(raws))
     zero = np.float32(0.0)
-    bad = 0
+    bad = np.uint32(0)
     kept = 0
+    bo = np.uint32(0)
     for j in prange(base.shape[0]):
         s, lo, hi, c = _consensus_at(base, raws, j)
         keep = (lo > 0) | (hi < 0)
         v = s / nf
-        total[j] = v if keep else zero
-        bad += c + _bad(s)
+        v = v if keep else zero
+        bad = max(bad, _flag(c + _nf(s)))
         kept += keep
-    return bad, kept
+        bo = max(bo, _store(total, oraw, base, j, v, sc))
+    return bad, kept, bo
 
 
 @_jit
 def _magmax_at(base, raws, j):
-    """(the tau_k = raws[k][j] - base[j] of largest magnitude, the first winning ties, non-finite count)."""
+    """(the tau_k = raws[k][j] - base[j] of largest magnitude, the first winning ties, sum of their _nf)."""
     b = as_f32(base, j)
     m = as_f32(raws[0], j) - b
-    c = _bad(m)
+    c = _nf(m)
     for k in range(1, len(raws)):
         x = as_f32(raws[k], j) - b
-        c += _bad(x)
+        c = c + _nf(x)
         if abs(x) > abs(m):
             m = x
     return m, c
 
 
 @_pjit
-def magmax_raw(base, raws, best):
-    """MagMax over every model's chunk at once (as magmax_add model after model: the first model wins ties).
-    Returns (non-finite task-vector elements, nonzeros of best)."""
-    bad = 0
+def magmax_raw(base, raws, best, oraw, sc):
+    """MagMax over every model's chunk at once (as magmax_add model after model: the first model wins ties) into
+    best, or the output chunk into oraw where it is not None (see _emit). Returns (nonzero where a task-vector
+    element is not finite, nonzeros of best, nonzero where an output is not finite)."""
+    bad = np.uint32(0)
     nz = 0
+    bo = np.uint32(0)
     for j in prange(base.shape[0]):
         m, c = _magmax_at(base, raws, j)
-        best[j] = m
-        bad += c
+        bad = max(bad, _flag(c))
         nz += m != 0
-    return bad, nz
+        bo = max(bo, _store(best, oraw, base, j, m, sc))
+    return bad, nz, bo
 
 
 @_pjit
@@ -1381,15 +1445,17 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
 
 @_jit
 def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
-                 normalize, out, h4):
+                 normalize, out, h4, oraw, sc):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
     (each model's DARE drop) over [lo, hi), per block of _BLOCK: every model's rule made one comparison (a top-k
     block where each model's ties at its threshold are all kept or all dropped, known from their count; DARE),
     then :func:`_fused_span`; a block where a model's quota of ties runs out goes model by model (its tau pruned
-    in a scratch row, then combined). Returns (non-finite count, nonzeros of the result)."""
+    in a scratch row, then combined); with an output chunk oraw (not None) each block's output goes to it
+    while it is in cache (see _emit). Returns (non-finite flag (nonzero: some task-vector element or result is not
+    finite), nonzeros of the result, non-finite output flag)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
-    sc = np.empty((3, _BLOCK), np.float32)
+    scr = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
     tv = np.empty(K, np.float32)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
     tf = np.zeros(K, np.bool_)
@@ -1410,6 +1476,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                 tv[k] = np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0)
     bad = 0
     nz = 0
+    bo = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         L = e - s
@@ -1430,9 +1497,10 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                     x = tb[k, :L]
                     bad += _tau_block(raws[k][s:e], base[s:e], x)
                     seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
-                b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, sc)
+                b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
                 bad += b
                 nz += z
+                bo += _emit_span(_span(oraw, s, e), base[s:e], out[s:e], sc)
                 continue
             for k in range(K):
                 if modes[k] == 2:
@@ -1441,7 +1509,19 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         _count_bytes(pat[:L], h4)
         bad += b
         nz += z
-    return bad, nz
+        bo += _emit_span(_span(oraw, s, e), base[s:e], out[s:e], sc)
+    return bad, nz, bo
+
+
+def _span(x, lo, hi):
+    """x[lo:hi], or None for None (chosen when compiled)."""
+
+
+@overload(_span)
+def _span_impl(x, lo, hi):
+    if isinstance(x, types.NoneType):
+        return lambda x, lo, hi: None
+    return lambda x, lo, hi: x[lo:hi]
 
 
 def _slices(raws, lo, hi):
@@ -1480,7 +1560,7 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
     x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
     ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
     (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
-    (bits). Returns (non-finite count, nonzeros of the result (consensus: of the divisor)).
+    (bits). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor)).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
     DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15)."""
@@ -1496,7 +1576,7 @@ def _fused_src(K: int, dare: bool) -> str:
     lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):",
              "    zero = np.float32(0.0)",
              "    one = np.float32(1.0)",
-             "    bad = 0",
+             "    bad = np.uint32(0)",
              "    nz = 0"]
     add = lines.append
     for k in range(K):
@@ -1519,7 +1599,7 @@ def _fused_src(K: int, dare: bool) -> str:
             else:
                 add(f"            a{k} = abs(x{k})")
                 add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & (a{k} == t{k})) else zero")
-        add("            c = " + " + ".join(f"_bad(x{k})" for k in range(K)))
+        add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
         add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
                                             for k in range(K)))
         add("            t = v0 * w0")
@@ -1527,7 +1607,7 @@ def _fused_src(K: int, dare: bool) -> str:
             add(f"            t = t + v{k} * w{k}")
         if not consensus:
             add("            o[j] = t")
-            add("            bad += c + _bad(t)")
+            add("            bad = max(bad, _flag(c + _nf(t)))")
             add("            nz += t != zero")
             continue
         add("            sg = np.float32(t > zero) - np.float32(t < zero)")  # the elected sign; 0 elects none
@@ -1542,17 +1622,18 @@ def _fused_src(K: int, dare: bool) -> str:
         add("            if normalize:")
         add("                acc = acc / (one if div == zero else div)")
         add("            o[j] = acc")
-        add("            bad += c + _bad(t) + _bad(acc)")
+        add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))")
     add("    return bad, nz")
     return "\n".join(lines) + "\n"
 
 
 @_pjit
-def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out):
+def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc):
     """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
     compiled once for both: the pieces (one per thread) run _merge_piece; for a top-k merge whose quota splits
-    the ties at a threshold, each piece first learns the ties before it. Returns (non-finite count, nonzeros of
-    the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept))."""
+    the ties at a threshold, each piece first learns the ties before it. Returns (non-finite flag, nonzeros of
+    the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept),
+    non-finite outputs (oraw not None: the output chunk written to it as it goes, see _emit))."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
@@ -1571,34 +1652,36 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
         weighted |= ws[k] != 1.0
     bads = np.zeros(T, np.int64)
     nzs = np.zeros(T, np.int64)
+    bos = np.zeros(T, np.int64)
     seen = np.zeros((T, K), np.int64)
     h4 = np.zeros((4 * T, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
-        b, z = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
-                            consensus, normalize, out, h4[4 * p:4 * p + 4])
+        b, z, bo = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
+                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc)
         bads[p] = b
         nzs[p] = z
+        bos[p] = bo
     ties = np.zeros(K, np.int64)
     for p in range(T):
         for k in range(K):
             ties[k] += seen[p, k] - before[p, k]
     hist = np.zeros(256, np.int64)
     _add_parts(hist, h4)
-    return bads.sum(), nzs.sum(), ties, _hist_pairs(hist, K)
+    return bads.sum(), nzs.sum(), ties, _hist_pairs(hist, K), bos.sum()
 
 
-def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out):
+def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc):
     """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
     elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
     every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
     selection (modes/thrs/alls/lefts as topk_prune's, ties by lower index). Bitwise as topk_prune, accumulate,
     agree and ties_finish model after model: the same float32 operations in the same order. Returns
-    _merge_models's (non-finite count, nonzeros, ties per model, kept pairs)."""
+    _merge_models's (non-finite flag, nonzeros, ties per model, kept pairs, non-finite output flag)."""
     k = len(raws)
     return _merge_models(base, raws, False, modes, thrs, alls, lefts, np.zeros((1, 1), np.uint8), np.zeros(k), ws,
-                         consensus, normalize, out)
+                         consensus, normalize, out, oraw, sc)
 
 
 # --------------------------------------------------------------------------------------------- DARE in one pass
@@ -1613,12 +1696,12 @@ def dare_masks(mts, poss, thrs, masks):
             _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
 
 
-def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out):
+def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, sc):
     """DARE (consensus False) or DARE-TIES over every model's chunk at once: tau_k = float32(raws[k]) - base,
     divided by ds[k] = float32(1 - p_k) and zeroed where masks[k] is 0 (ds[k] = 0: p_k = 0, tau_k as is), then
     combined as topk_merge_raw. Bitwise as dare_tensor, accumulate, agree and ties_finish model after model.
-    Returns _merge_models's (non-finite count, nonzeros, ties (none), kept pairs)."""
+    Returns _merge_models's (non-finite flag, nonzeros, ties (none), kept pairs, non-finite output flag)."""
     k = len(raws)
     z = np.zeros(k, np.int64)
     return _merge_models(base, raws, True, z, np.zeros(k), np.zeros(k, np.bool_), z, masks, ds, ws, consensus,
-                         normalize, out)
+                         normalize, out, oraw, sc)

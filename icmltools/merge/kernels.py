@@ -484,45 +484,75 @@ def _one_pass(base, raws, *bufs):
     return _np(base).reshape(-1), tuple(_np(r).reshape(-1) for r in raws)
 
 
-def sum_raw(base, raws, weights, total, div: int = 0):
+def _emit_args(base, emit):
+    """(output array, scale) for a one-pass loop that writes the output chunk itself: `emit` = (out, lam, sign),
+    out in the base's dtype (bfloat16 or float32); the loop stores base + merged * scale, scale = float32(lam) *
+    sign (bitwise apply_raw's base + merged, base + merged * lam, base - merged * lam). Else (None, 1): the loop
+    compiled without the output."""
+    import numpy as np
+
+    if emit is None or emit[0].dtype != base.dtype or not _ok(emit[0]) or emit[0].numel() != base.numel():
+        return None, np.float32(1.0)
+    out, lam, sign = emit
+    with np.errstate(over="ignore"):  # a lambda beyond float32 is inf, as the loops' own cast makes it
+        sc = np.float32(lam) * np.float32(1 if sign > 0 else -1)
+    return _np(out).reshape(-1), sc
+
+
+def _emitted(bo, args):
+    """A loop's non-finite output flag (0: every output finite) given _emit_args' `args`, None where it did not
+    write the output."""
+    return None if args[0] is None else int(bo)
+
+
+def sum_raw(base, raws, weights, total, div: int = 0, emit=None):
     """total = sum_k (float32(raws[k]) - base) * weights[k] in one pass over every model's chunk (then / div when
-    div > 0), bitwise as tau_accumulate model after model; (non-finite task-vector elements and totals,
-    nonzeros of total) or None when not run."""
+    div > 0), bitwise as tau_accumulate model after model; with `emit` = (out, lam, sign) the output chunk goes
+    to `out` instead (as apply_raw; total is not written). (non-finite flag: nonzero where a task-vector element
+    or total is not finite (the chunk then goes model by model, which names and counts), nonzeros of total,
+    non-finite output flag or None where the output was not written) or None when not run."""
     import numpy as np
 
     got = _one_pass(base, raws, total)
     if got is None:
         return None
-    bad, nz = _mod().sum_raw(got[0], got[1], np.asarray(weights, np.float64), _np(total).reshape(-1), int(div))
-    return int(bad), int(nz)
+    e = _emit_args(base, emit)
+    bad, nz, bo = _mod().sum_raw(got[0], got[1], np.asarray(weights, np.float64), _np(total).reshape(-1), int(div),
+                                 *e)
+    return int(bad), int(nz), _emitted(bo, e)
 
 
-def consensus_raw(base, raws, total):
+def consensus_raw(base, raws, total, emit=None):
     """NegMerge's sign-consensual mean in one pass over every model's chunk (bitwise as sign_stats model after
-    model, then sign_consensus_finish); (non-finite task-vector elements and sums, kept count) or None."""
+    model, then sign_consensus_finish), or the output chunk (`emit`, as sum_raw); (non-finite flag, kept count,
+    non-finite output flag or None, as sum_raw's) or None."""
     got = _one_pass(base, raws, total)
     if got is None:
         return None
-    bad, kept = _mod().consensus_raw(got[0], got[1], _np(total).reshape(-1))
-    return int(bad), int(kept)
+    e = _emit_args(base, emit)
+    bad, kept, bo = _mod().consensus_raw(got[0], got[1], _np(total).reshape(-1), *e)
+    return int(bad), int(kept), _emitted(bo, e)
 
 
-def magmax_raw(base, raws, best):
-    """MagMax in one pass over every model's chunk (as magmax_add model after model); (non-finite task-vector
-    elements, nonzeros of best) or None."""
+def magmax_raw(base, raws, best, emit=None):
+    """MagMax in one pass over every model's chunk (as magmax_add model after model), or the output chunk
+    (`emit`, as sum_raw); (non-finite flag, nonzeros of best, non-finite output flag or None, as sum_raw's) or
+    None."""
     got = _one_pass(base, raws, best)
     if got is None:
         return None
-    bad, nz = _mod().magmax_raw(got[0], got[1], _np(best).reshape(-1))
-    return int(bad), int(nz)
+    e = _emit_args(base, emit)
+    bad, nz, bo = _mod().magmax_raw(got[0], got[1], _np(best).reshape(-1), *e)
+    return int(bad), int(nz), _emitted(bo, e)
 
 
-def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out):
+def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out, emit=None):
     """Magnitude-pruned task arithmetic (consensus False) or TIES (True) in one pass over every model's chunk,
     each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
-    :func:`topk_prune`; bitwise as pruning, accumulating and agreeing model after model. (non-finite count,
+    :func:`topk_prune`; bitwise as pruning, accumulating and agreeing model after model. (non-finite flag,
     nonzeros of the result (TIES: of the divisor), ties at each model's threshold, kept pairs: numpy counts[a][b],
-    a <= b, of the elements both models a and b kept) or None when not run."""
+    a <= b, of the elements both models a and b kept, non-finite output flag or None (`emit`, as sum_raw: the
+    output chunk written block by block, `out` then only scratch)) or None when not run."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
@@ -532,19 +562,20 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     thrs = np.array([s[1] for s in sels], np.float64)
     alls = np.array([bool(s[2]) for s in sels], np.bool_)
     lefts = np.array([s[3] for s in sels], np.int64)
-    bad, nz, ties, pairs = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
-                                                 np.asarray(weights, np.float64), bool(consensus), bool(normalize),
-                                                 _np(out).reshape(-1))
-    return int(bad), int(nz), [int(t) for t in ties], pairs
+    e = _emit_args(base, emit)
+    bad, nz, ties, pairs, bo = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
+                                                     np.asarray(weights, np.float64), bool(consensus),
+                                                     bool(normalize), _np(out).reshape(-1), *e)
+    return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e)
 
 
-def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks):
+def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks, emit=None):
     """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
     streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept and
     the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor` and the model-by-model
-    loops. (non-finite count, nonzeros of the result (TIES: of the divisor), kept pairs as topk_merge_raw's) or
-    None when not run; the streams advance only when the count is 0."""
+    loops. (non-finite flag, nonzeros of the result (TIES: of the divisor), kept pairs and non-finite output flag
+    as topk_merge_raw's) or None when not run; the streams advance only when the flag is 0."""
     import numpy as np
     import torch
 
@@ -561,13 +592,14 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
             mts[j], poss[j] = st.mt, st.pos[0]
     km = _mod()
     km.dare_masks(mts, poss, thrs, m)  # on copies of the states: the streams advance only when the chunk is done
-    bad, nz, _, pairs = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64), bool(consensus),
-                                          bool(normalize), _np(out).reshape(-1))
+    e = _emit_args(base, emit)
+    bad, nz, _, pairs, bo = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64),
+                                              bool(consensus), bool(normalize), _np(out).reshape(-1), *e)
     if not bad:
         for j, st in enumerate(streams):
             if st is not None:
                 st.mt[:], st.pos[0] = mts[j], poss[j]
-    return int(bad), int(nz), pairs
+    return int(bad), int(nz), pairs, _emitted(bo, e)
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):

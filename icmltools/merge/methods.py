@@ -135,8 +135,8 @@ class TaskArithmetic(Weighted):
         return K.tau_accumulate(raw, base, st.total, st.plan.weights[i], k == 0)
 
     def merge_raw(self, st, raws, base, wanted):
-        got = K.sum_raw(base, raws, [st.plan.weights[i] for i in wanted], st.total)
-        return None if got is None else (got[0], st.total, got[1])
+        got = K.sum_raw(base, raws, [st.plan.weights[i] for i in wanted], st.total, emit=st.emit)
+        return None if got is None else (got[0], st.total, got[1], got[2])
 
 
 class _Magnitude(Weighted):
@@ -184,14 +184,14 @@ class _Magnitude(Weighted):
         out = st.acc if self.consensus else st.total
         got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
                                [st.plan.weights[i] for i in wanted], self.consensus,
-                               bool(st.plan.options.get("normalize")), out)
+                               bool(st.plan.options.get("normalize")), out, emit=st.emit)
         if got is None or got[0]:
-            return None if got is None else (got[0], out, 0)
+            return None if got is None else (got[0], out, 0, None)
         for i, ties in zip(wanted, got[2]):
             for p in range(self.passes):
                 st.topk[i].advance(p, ties)
         st.count_pairs(wanted, got[3])
-        return 0, out, got[1]
+        return 0, out, got[1], got[4]
 
 
 class Magnitude(_Magnitude):
@@ -239,16 +239,16 @@ class Dare(Weighted):
         out = st.acc if self.consensus else st.total
         got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
                                bool(st.plan.options.get("normalize")), out,
-                               st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)))  # rows for
-        # the most models a pass takes: the engine's buffers do not depend on the number of models
+                               st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)),  # rows
+                               emit=st.emit)  # for the most models a pass takes: buffers independent of the count
         if got is None or got[0]:
-            return None if got is None else (got[0], out, 0)
+            return None if got is None else (got[0], out, 0, None)
         for q in range(1, self.passes):
             for i, s in zip(wanted, streams):
                 if s is not None:
                     st.dare_stream(i, q).copy_from(s)
         st.count_pairs(wanted, got[2])
-        return 0, out, got[1]
+        return 0, out, got[1], got[3]
 
 
 class DareTies(Dare):
@@ -326,8 +326,8 @@ class NegMerge(MergeMethod):
         return K.sign_stats(raw, base, st.total, st.mn, st.mx, k == 0)
 
     def merge_raw(self, st, raws, base, wanted):
-        got = K.consensus_raw(base, raws, st.total)
-        return None if got is None else (got[0], st.total, got[1])
+        got = K.consensus_raw(base, raws, st.total, emit=st.emit)
+        return None if got is None else (got[0], st.total, got[1], got[2])
 
     def add(self, st, tau, i, k, p):
         import torch
@@ -371,8 +371,8 @@ class Uniform(MergeMethod):
         return K.tau_accumulate(raw, base, st.total, 1.0, k == 0)
 
     def merge_raw(self, st, raws, base, wanted):
-        got = K.sum_raw(base, raws, [1.0] * len(raws), st.total, div=st.n)
-        return None if got is None else (got[0], st.total, got[1])
+        got = K.sum_raw(base, raws, [1.0] * len(raws), st.total, div=st.n, emit=st.emit)
+        return None if got is None else (got[0], st.total, got[1], got[2])
 
     def finish(self, st):
         st.total.div_(st.n)
@@ -417,8 +417,8 @@ class MagMax(MergeMethod):
     one_pass = True
 
     def merge_raw(self, st, raws, base, wanted):
-        got = K.magmax_raw(base, raws, st.best)
-        return None if got is None else (got[0], st.best, got[1])
+        got = K.magmax_raw(base, raws, st.best, emit=st.emit)
+        return None if got is None else (got[0], st.best, got[1], got[2])
 
     def add(self, st, tau, i, k, p):
         import torch
