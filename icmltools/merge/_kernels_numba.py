@@ -959,7 +959,8 @@ _BLOCK = 2048
 
 
 def _part_of(taken, lo, hi):
-    """taken[lo:hi], or None when taken is None (chosen when compiled)."""
+    """taken[lo:hi], or None when taken is None (chosen when compiled): the taken marks of a span, or the part of
+    an output chunk (None: no output)."""
 
 
 @overload(_part_of)
@@ -1500,7 +1501,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                 b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
                 bad += b
                 nz += z
-                bo += _emit_span(_span(oraw, s, e), base[s:e], out[s:e], sc)
+                bo += _emit_span(_part_of(oraw, s, e), base[s:e], out[s:e], sc)
                 continue
             for k in range(K):
                 if modes[k] == 2:
@@ -1509,19 +1510,8 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         _count_bytes(pat[:L], h4)
         bad += b
         nz += z
-        bo += _emit_span(_span(oraw, s, e), base[s:e], out[s:e], sc)
+        bo += _emit_span(_part_of(oraw, s, e), base[s:e], out[s:e], sc)
     return bad, nz, bo
-
-
-def _span(x, lo, hi):
-    """x[lo:hi], or None for None (chosen when compiled)."""
-
-
-@overload(_span)
-def _span_impl(x, lo, hi):
-    if isinstance(x, types.NoneType):
-        return lambda x, lo, hi: None
-    return lambda x, lo, hi: x[lo:hi]
 
 
 def _slices(raws, lo, hi):

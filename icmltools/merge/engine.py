@@ -1013,7 +1013,7 @@ class _Direct:
     def __init__(self, w, pool: BufferPool, lam: float, sign: int, skip_zero: bool):
         self.w, self.pool, self.lam, self.sign, self.skip_zero = w, pool, lam, sign, skip_zero
         self.dtype = None  # the output dtype of the tensor being written; None: none lent
-        self.pending = None  # [slot, output chunk, non-finite outputs or None]
+        self.pending = None  # [slot, output chunk, the loop's non-finite output flag or None]
 
     def target(self, a: int, b: int):
         """(output chunk, lambda, sign) of the next slot for chunk [a, b), or None (lambda 0 writes the base)."""
