@@ -959,8 +959,7 @@ _BLOCK = 2048
 
 
 def _part_of(taken, lo, hi):
-    """taken[lo:hi], or None when taken is None (chosen when compiled): the taken marks of a span, or the part of
-    an output chunk (None: no output)."""
+    """taken[lo:hi], or None when taken is None (chosen when compiled)."""
 
 
 @overload(_part_of)
@@ -1152,22 +1151,14 @@ def _store_impl(total, oraw, base, j, v, sc):
     return lambda total, oraw, base, j, v, sc: _emit(oraw, base, j, v, sc)
 
 
+@_jit
 def _emit_span(oraw, base, merged, sc):
-    """_emit over a span (slices: indexed from 0, so the loop vectorises); nothing where oraw is None. 1 when an
-    output is not finite, else 0 (uint32)."""
-
-
-@overload(_emit_span)
-def _emit_span_impl(oraw, base, merged, sc):
-    if isinstance(oraw, types.NoneType):
-        return lambda oraw, base, merged, sc: np.uint32(0)
-
-    def span(oraw, base, merged, sc):
-        bo = np.uint32(0)
-        for j in range(merged.shape[0]):
-            bo = max(bo, _emit(oraw, base, j, merged[j], sc))
-        return bo
-    return span
+    """_emit over a span (slices: indexed from 0, so the loop vectorises); 1 when an output is not finite, else 0
+    (uint32)."""
+    bo = np.uint32(0)
+    for j in range(merged.shape[0]):
+        bo = max(bo, _emit(oraw, base, j, merged[j], sc))
+    return bo
 
 
 @_jit
@@ -1446,13 +1437,14 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
 
 @_jit
 def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
-                 normalize, out, h4, oraw, sc):
+                 normalize, out, h4, oraw, sc, emit):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
     (each model's DARE drop) over [lo, hi), per block of _BLOCK: every model's rule made one comparison (a top-k
     block where each model's ties at its threshold are all kept or all dropped, known from their count; DARE),
     then :func:`_fused_span`; a block where a model's quota of ties runs out goes model by model (its tau pruned
-    in a scratch row, then combined); with an output chunk oraw (not None) each block's output goes to it
-    while it is in cache (see _emit). Returns (non-finite flag (nonzero: some task-vector element or result is not
+    in a scratch row, then combined); with `emit` each block's output goes to the output chunk oraw while it
+    is in cache (see _emit: a test per block, so this loop is compiled once whether it writes the output or not;
+    a second specialisation took 9 s to compile). Returns (non-finite flag (nonzero: some task-vector element or result is not
     finite), nonzeros of the result, non-finite output flag)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
@@ -1501,7 +1493,8 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                 b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
                 bad += b
                 nz += z
-                bo += _emit_span(_part_of(oraw, s, e), base[s:e], out[s:e], sc)
+                if emit:
+                    bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
                 continue
             for k in range(K):
                 if modes[k] == 2:
@@ -1510,7 +1503,8 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         _count_bytes(pat[:L], h4)
         bad += b
         nz += z
-        bo += _emit_span(_part_of(oraw, s, e), base[s:e], out[s:e], sc)
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
     return bad, nz, bo
 
 
@@ -1618,12 +1612,13 @@ def _fused_src(K: int, dare: bool) -> str:
 
 
 @_pjit
-def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc):
+def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc,
+                  emit):
     """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
     compiled once for both: the pieces (one per thread) run _merge_piece; for a top-k merge whose quota splits
     the ties at a threshold, each piece first learns the ties before it. Returns (non-finite flag, nonzeros of
     the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept),
-    non-finite outputs (oraw not None: the output chunk written to it as it goes, see _emit))."""
+    non-finite output flag (`emit`: the output chunk written to oraw as it goes, see _emit))."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
@@ -1649,7 +1644,7 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
         b, z, bo = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
-                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc)
+                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc, emit)
         bads[p] = b
         nzs[p] = z
         bos[p] = bo
@@ -1662,7 +1657,7 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     return bads.sum(), nzs.sum(), ties, _hist_pairs(hist, K), bos.sum()
 
 
-def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc):
+def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit):
     """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
     elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
     every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
@@ -1671,7 +1666,7 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
     _merge_models's (non-finite flag, nonzeros, ties per model, kept pairs, non-finite output flag)."""
     k = len(raws)
     return _merge_models(base, raws, False, modes, thrs, alls, lefts, np.zeros((1, 1), np.uint8), np.zeros(k), ws,
-                         consensus, normalize, out, oraw, sc)
+                         consensus, normalize, out, oraw, sc, emit)
 
 
 # --------------------------------------------------------------------------------------------- DARE in one pass
@@ -1686,7 +1681,7 @@ def dare_masks(mts, poss, thrs, masks):
             _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
 
 
-def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, sc):
+def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, sc, emit):
     """DARE (consensus False) or DARE-TIES over every model's chunk at once: tau_k = float32(raws[k]) - base,
     divided by ds[k] = float32(1 - p_k) and zeroed where masks[k] is 0 (ds[k] = 0: p_k = 0, tau_k as is), then
     combined as topk_merge_raw. Bitwise as dare_tensor, accumulate, agree and ties_finish model after model.
@@ -1694,4 +1689,4 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, s
     k = len(raws)
     z = np.zeros(k, np.int64)
     return _merge_models(base, raws, True, z, np.zeros(k), np.zeros(k, np.bool_), z, masks, ds, ws, consensus,
-                         normalize, out, oraw, sc)
+                         normalize, out, oraw, sc, emit)

@@ -499,6 +499,12 @@ def _emit_args(base, emit):
     return _np(out).reshape(-1), sc
 
 
+def _emit_flagged(base, args):
+    """_emit_args' `args` as (output array, scale, flag) for the top-k/DARE loop, which tests the flag per block
+    (compiled once): a placeholder of the base's dtype where it does not write the output."""
+    return (args[0], args[1], True) if args[0] is not None else (base[:0], args[1], False)
+
+
 def _emitted(bo, args):
     """A loop's non-finite output flag (0: every output finite) given _emit_args' `args`, None where it did not
     write the output."""
@@ -565,7 +571,8 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     e = _emit_args(base, emit)
     bad, nz, ties, pairs, bo = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
                                                      np.asarray(weights, np.float64), bool(consensus),
-                                                     bool(normalize), _np(out).reshape(-1), *e)
+                                                     bool(normalize), _np(out).reshape(-1),
+                                                     *_emit_flagged(got[0], e))
     return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e)
 
 
@@ -594,7 +601,8 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
     km.dare_masks(mts, poss, thrs, m)  # on copies of the states: the streams advance only when the chunk is done
     e = _emit_args(base, emit)
     bad, nz, _, pairs, bo = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64),
-                                              bool(consensus), bool(normalize), _np(out).reshape(-1), *e)
+                                              bool(consensus), bool(normalize), _np(out).reshape(-1),
+                                              *_emit_flagged(got[0], e))
     if not bad:
         for j, st in enumerate(streams):
             if st is not None:
