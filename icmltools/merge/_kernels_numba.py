@@ -1130,8 +1130,8 @@ def _flag(g):
 
 @_jit
 def _emit(oraw, base, j, v, sc):
-    """oraw[j] = base_j + v * sc as apply_raw writes it (sc: 1, lambda or -lambda as float32: b + m * 1 == b + m
-    and b + m * -l == b - m * l, bitwise); 1 when the stored value is not finite, else 0 (uint32)."""
+    """oraw[j] = base_j + v * sc, the output element (sc: 1, lambda or -lambda as float32, kernels._scale: b + m * 1
+    == b + m and b + m * -l == b - m * l, bitwise); 1 when the stored value is not finite, else 0 (uint32)."""
     return np.uint32(put(oraw, j, as_f32(base, j) + v * sc))
 
 
@@ -1285,20 +1285,13 @@ def magmax_raw(base, raws, best, oraw, sc):
 
 
 @_pjit
-def apply_raw(base, merged, lam, mode, out):
+def apply_raw(base, merged, sc, out):
     """apply_bf16 / apply_f32 with the base chunk as read (bf16 bits or float32) instead of its float32 copy, into
-    out (bf16 bits or float32). Returns the number of non-finite outputs."""
-    bad = 0
-    lf = np.float32(lam)
-    if mode == 0:
-        for j in prange(base.shape[0]):
-            bad += put(out, j, as_f32(base, j) + merged[j])
-    elif mode == 1:
-        for j in prange(base.shape[0]):
-            bad += put(out, j, as_f32(base, j) + merged[j] * lf)
-    else:
-        for j in prange(base.shape[0]):
-            bad += put(out, j, as_f32(base, j) - merged[j] * lf)
+    out (bf16 bits or float32), as the one-pass loops write it (_emit, sc: float32(lambda) * sign). Returns 1
+    when an output is not finite, else 0."""
+    bad = np.uint32(0)
+    for j in prange(base.shape[0]):
+        bad = max(bad, _emit(out, base, j, merged[j], sc))
     return bad
 
 

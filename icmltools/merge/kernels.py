@@ -494,9 +494,16 @@ def _emit_args(base, emit):
     if emit is None or emit[0].dtype != base.dtype or not _ok(emit[0]) or emit[0].numel() != base.numel():
         return None, np.float32(1.0)
     out, lam, sign = emit
-    with np.errstate(over="ignore"):  # a lambda beyond float32 is inf, as the loops' own cast makes it
-        sc = np.float32(lam) * np.float32(1 if sign > 0 else -1)
-    return _np(out).reshape(-1), sc
+    return _np(out).reshape(-1), _scale(lam, sign)
+
+
+def _scale(lam: float, sign: int):
+    """float32(lambda) * sign, the output's scale: base + merged * it is bitwise base + merged (sign > 0, lambda
+    1), base + merged * lambda and base - merged * lambda (x * 1 == x; b + m * -l == b - m * l)."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # a lambda beyond float32 is inf, as a cast in the loop would make it
+        return np.float32(lam) * np.float32(1 if sign > 0 else -1)
 
 
 def _emit_flagged(base, args):
@@ -611,13 +618,12 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):
-    """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; the number
-    of non-finite outputs, or None when not run."""
+    """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; nonzero
+    where an output is not finite (0: all finite), or None when not run."""
     import torch
 
     if base.dtype not in (torch.bfloat16, torch.float32) or merged.dtype != torch.float32 \
             or out.dtype not in (torch.bfloat16, torch.float32) or not _ok(base, merged, out):
         return None
-    mode = 0 if (sign > 0 and lam == 1.0) else (1 if sign > 0 else 2)
-    return int(_mod().apply_raw(_np(base).reshape(-1), _np(merged).reshape(-1), float(lam), mode,
+    return int(_mod().apply_raw(_np(base).reshape(-1), _np(merged).reshape(-1), _scale(lam, sign),
                                 _np(out).reshape(-1)))
