@@ -113,7 +113,7 @@ def _vm(key: str) -> int:
     return -1
 
 
-def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1) -> dict:
+def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_elems: int | None = None) -> dict:
     """One measurement in this fresh process: a plain read, or one method's merge to disk."""
     import torch
 
@@ -163,7 +163,8 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1) -> dict:
     else:
         out = folder / f"out_{mode}_{fmt}"
         out = out.with_suffix(".safetensors") if fmt == "safetensors" else out
-        E.merge_to_checkpoint(base, models, E.make_plan(mode, n), 1.0, out)
+        kw = {} if chunk_elems is None else {"chunk_elems": chunk_elems}  # None: the engine's default
+        E.merge_to_checkpoint(base, models, E.make_plan(mode, n, **kw), 1.0, out)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     extra = {}
     if mode not in ("read", "read_write") and sum(K.WINDOWS.values()):  # a scanning method: its threshold selections
@@ -190,10 +191,17 @@ def fresh_memory_rate(gb: float = 0.5) -> float:
     return round(gb / dt, 2)
 
 
-def _run_child(args: list[str], threads: int = 1) -> dict:
+def _engine_chunk() -> int:
+    from icmltools.merge.options import CHUNK_ELEMS  # standard library only
+
+    return CHUNK_ELEMS
+
+
+def _run_child(args: list[str], threads: int = 1, chunk_elems: int | None = None) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    p = subprocess.run([sys.executable, __file__, "--child", *args, "--threads", str(threads)], capture_output=True,
-                       text=True, env=env)
+    extra = [] if chunk_elems is None else ["--chunk-elems", str(chunk_elems)]
+    p = subprocess.run([sys.executable, __file__, "--child", *args, "--threads", str(threads), *extra],
+                       capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return {"error": (p.stderr.strip().splitlines() or ["?"])[-1][:300]}
     return json.loads(p.stdout)
@@ -266,6 +274,8 @@ def main(argv=None) -> None:
                     help="threads of each merge (torch, BLAS, the compiled loops); the plain read is one thread")
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over every row; each row keeps its fastest run (all runs' seconds are listed)")
+    ap.add_argument("--chunk-elems", type=int, default=None,
+                    help="elements per chunk of the merges (default: the engine's, CHUNK_ELEMS)")
     ap.add_argument("--child", nargs=4, metavar=("MODE", "FOLDER", "FMT", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -273,10 +283,13 @@ def main(argv=None) -> None:
         if mode == "generate":
             print(json.dumps(generate(Path(folder), float(fmt), int(n))))
         else:
-            print(json.dumps(child(mode, Path(folder), fmt, int(n), a.threads)))
+            print(json.dumps(child(mode, Path(folder), fmt, int(n), a.threads, a.chunk_elems)))
         return
     folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
+    if a.chunk_elems is not None and a.chunk_elems < 1:
+        ap.error("--chunk-elems must be >= 1")
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
+                 "chunk_elems": a.chunk_elems or _engine_chunk(),
                  "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},
                  "fresh_memory_gb_per_s": fresh_memory_rate()}
     try:
@@ -310,7 +323,8 @@ def _measure_format(folder: Path, fmt: str, a) -> dict:
     runs: dict = {m: [] for m in modes}
     for _ in range(max(1, a.repeat)):  # rounds over every row, so each row sees the same spread of noise
         for m in modes:
-            r = _run_child([m, str(folder), fmt, str(a.n)], 1 if m in ("read", "read_write") else a.threads)
+            r = _run_child([m, str(folder), fmt, str(a.n)], 1 if m in ("read", "read_write") else a.threads,
+                           None if m in ("read", "read_write") else a.chunk_elems)
             runs[m].append(r)
             print(f"{fmt} {m}: {r}", file=sys.stderr, flush=True)
     rows = {m: _best(rs) for m, rs in runs.items()}
