@@ -285,9 +285,9 @@ def main(argv=None) -> None:
         else:
             print(json.dumps(child(mode, Path(folder), fmt, int(n), a.threads, a.chunk_elems)))
         return
-    folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
     if a.chunk_elems is not None and a.chunk_elems < 1:
         ap.error("--chunk-elems must be >= 1")
+    folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
                  "chunk_elems": a.chunk_elems or _engine_chunk(),
                  "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},

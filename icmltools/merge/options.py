@@ -13,9 +13,9 @@ METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcr
 # 2^24: 1.3-2x.) Again after the one-pass loops wrote their output themselves (d2ced19), 2^21 against 2^22, in
 # one process, 2 threads, to disk, alternated (2026-12-03): task arithmetic 0.76-0.89 -> 0.66-0.76 s, NegMerge
 # and MagMax about 10 % faster, DARE, DARE-TIES, magnitude, TIES and breadcrumbs the same within 5 %, but CABS
-# 4.03-4.24 -> 4.54-4.57 and CA-magnitude 4.65-4.75 -> 5.39-6.73. The element-wise gain was the writer's
-# slots (engine.OUT_SLOT_BYTES, then 48 MB at 2^22 against 32 at 2^21), not the chunk: with 64 MB of slots,
-# HF folders, task arithmetic 0.72-0.77 s at 2^21 against 0.74-0.80 at 2^22 (0.91-0.94 at 2^21 with 32 MB).
+# 4.03-4.24 -> 4.54-4.57 and CA-magnitude 4.65-4.75 (and one 7.63) -> 5.39-6.73. The element-wise gain was the
+# writer's slots (engine.OUT_SLOT_BYTES, then 48 MB at 2^22 against 32 at 2^21), not the chunk: task arithmetic on
+# HF folders 0.72-0.77 s at 2^21 with 64 MB of slots, 0.74-0.80 at 2^22 with 48, 0.91-0.94 at 2^21 with 32.
 CHUNK_ELEMS = 1 << 21
 # breadcrumbs: fraction of the largest magnitudes dropped (mergekit's `gamma` of magnitude_outliers)
 BREADCRUMBS_GAMMA = 0.01
