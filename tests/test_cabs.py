@@ -654,8 +654,11 @@ def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
     elif kind == "sparse":
         x[torch.rand(size, generator=g) > 0.15] = 0
     checked = 0
-    # the passes (k < 24), the bisection (k >= 24: 64:256, 30:50) and the picking loop (m <= 4)
-    for n, m in [(4, 32), (1, 4), (3, 7), (16, 32), (32, 32), (5, 5), (2, 16), (64, 256), (30, 50), (2, 4), (1, 2)]:
+    # the sorting network (3 <= m <= 32; m = 17 and 7 padded to 32 and 8), the pair loop (m <= 2), the passes
+    # (m > 32, k < 24) and the bisection (k >= 24: 64:256, 30:50)
+    nms = [(4, 32), (1, 4), (3, 7), (16, 32), (32, 32), (5, 5), (2, 16), (64, 256), (30, 50), (2, 4), (1, 2),
+           (9, 17), (31, 32), (1, 3), (3, 3), (1, 1), (2, 2), (10, 33)]
+    for n, m in nms:
         for frac in (0.0, 0.4, 0.9):
             taken0 = torch.rand(size, generator=g) < frac
             for tail in ("pad", "drop"):
@@ -670,4 +673,68 @@ def test_compiled_nm_prune_equals_the_torch_masks_on_ties(kind):
                     kept = P.nm_mask(x, n, m, taken0, tail)
                     assert torch.equal(taken, taken0 | kept), (n, m, frac, tail)
                 checked += 1
-    assert checked == 11 * 3 * 2
+    assert checked == len(nms) * 3 * 2
+
+
+def test_sorting_networks_sort():
+    """The n:m selection's networks (Batcher's odd-even merge sort, 2..32 keys) sort every 0-1 input up to 16
+    keys (the 0-1 principle: then every input) and random inputs with repeats at 32."""
+    from icmltools.merge import _kernels_numba as KN
+
+    g = torch.Generator().manual_seed(2)
+    for n in (2, 4, 8, 16, 32):
+        pairs = KN._batcher_pairs(n)
+        assert all(0 <= i < j < n for i, j in pairs)
+        inputs = [[(b >> i) & 1 for i in range(n)] for b in range(1 << n)] if n <= 16 else \
+            torch.randint(-2, 6, (3000, n), generator=g).tolist()
+        for v in inputs:
+            w = list(v)
+            for i, j in pairs:
+                w[i], w[j] = min(w[i], w[j]), max(w[i], w[j])
+            assert w == sorted(v), (n, v)
+
+
+@pytest.mark.parametrize("method", ["cabs", "bs"])
+def test_one_pass_equals_model_by_model_and_torch(method, tmp_path):
+    """CABS/BS's one-pass loop (every model's chunk pruned and summed span by span) gives the bytes, kept counts,
+    overlap and short blocks of feeding the models one at a time and of the torch path: per-model n:m (the
+    network, the pair loop and the passes), a zero weight, a padded tail, chunks, threaded pieces."""
+    import numba
+
+    from icmltools.cabs import methods as CM
+    from icmltools.merge import engine as E
+    from icmltools.merge import kernels as K
+    from icmltools.taskvec.readers import MemoryReader
+
+    if not K.available():
+        pytest.skip("numba not installed")
+    g = _g(9)
+    base = {"big": (torch.randn(700, 1201, generator=g) * 0.05).to(torch.bfloat16),
+            "f": torch.randn(3001, generator=g) * 0.05}
+    models = [{k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) for k, v in base.items()}
+              for _ in range(4)]
+    nms = [(4, 32), (1, 2), (9, 17), (10, 40)]
+
+    def merge(tag, chunk, tail, weights, one_pass=True, torch_only=False):
+        inst = CM.for_plan(method, nms)
+        plan = E.make_plan(inst, 4, weights=weights, chunk_elems=chunk, options={"tail": tail},
+                           model_options=[{"n": n, "m": m} for n, m in nms])
+        out = tmp_path / f"{tag}.safetensors"
+        with pytest.MonkeyPatch.context() as mp, K.torch_only(torch_only):
+            mp.setattr(type(inst), "one_pass", one_pass)
+            st = E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], plan, 0.7, out)
+        s = st.summary(extended=True, per_tensor=True)
+        for key in ("seconds", "read_gb_per_s", "kernels"):
+            s.pop(key)
+        return out.read_bytes(), s, inst.short
+
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        for chunk, tail, weights in ((None, "pad", [1.0, 0.5, 0.0, -1.2]), (68_000, "drop", [1.0] * 4)):
+            fast = merge("fast", chunk, tail, weights)
+            assert fast == merge("by_model", chunk, tail, weights, one_pass=False), (chunk, tail)
+            assert fast == merge("slow", chunk, tail, weights, torch_only=True), (chunk, tail)
+            assert (sum(fast[2]) > 0) == (method == "cabs")  # CABS' later models find blocks already full
+    finally:
+        numba.set_num_threads(old)

@@ -557,7 +557,7 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
     else:
         assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32"), counted.calls
     loops = {"task_arithmetic": "sum_raw", "ties": "topk_merge_raw", "magnitude": "topk_merge_raw",
-             "breadcrumbs": "band_prune", "cabs": "nm_prune", "bs": "nm_prune", "dare": "dare_merge_raw",
+             "breadcrumbs": "band_prune", "cabs": "nm_merge_raw", "bs": "nm_merge_raw", "dare": "dare_merge_raw",
              "ca_magnitude": "threshold_prune", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
@@ -593,8 +593,8 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
         numba.set_num_threads(old)
 
 
-ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties", "dare", "dare_ties")
-WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties")
+ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs")
+WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs")
 
 
 @needs_numba
@@ -626,7 +626,7 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
             assert fast[1] == by_model[1] == slow[1]
     loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw",
             "magnitude": "topk_merge_raw", "ties": "topk_merge_raw", "dare": "dare_merge_raw",
-            "dare_ties": "dare_merge_raw"}
+            "dare_ties": "dare_merge_raw", "cabs": "nm_merge_raw", "bs": "nm_merge_raw"}
     assert bool(counted.calls.get(loop[name])) == (n <= K.MAX_ONE_PASS), counted.calls
 
 

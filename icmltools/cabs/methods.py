@@ -115,6 +115,25 @@ class _NM(_Pruned):
             self.short[i] += box[0]
         return mask
 
+    one_pass = True
+    conflict_aware = False
+
+    def merge_raw(self, st, raws, base, wanted):
+        """Every model's chunk pruned (in the models' order) and summed in one compiled loop, span by span while
+        in cache (each input read once, no task vector or mask stored): the blocks are local, so this is the
+        model-by-model loops' result, bitwise. None (fed model by model) when every weight is 0."""
+        nms = [_nm_of(st.plan, i) for i in wanted]
+        got = K.nm_merge_raw(base, raws, nms, [st.plan.weights[i] for i in wanted], self.conflict_aware,
+                             st.plan.options["tail"] == "pad", st.total, emit=st.emit)
+        if got is None or got[0]:
+            return None if got is None else (got[0], st.total, 0, None)
+        if self.short is not None:
+            for i, c in zip(wanted, got[2]):
+                if i < len(self.short):
+                    self.short[i] += c
+        st.count_pairs(wanted, got[3])
+        return 0, st.total, got[1], got[4]
+
     def chunk_multiple_for(self, plan):
         """Chunks align to every model's m (the lcm), so no block straddles two chunks."""
         return _lcm(_nm_of(plan, i)[1] for i in range(plan.n_models))
@@ -134,6 +153,7 @@ class Cabs(_NM):
     name = "cabs"
     reference = REFERENCE
     buffers = (("total", None), ("taken", "bool"))
+    conflict_aware = True
 
     def add(self, st, tau, i, k, p):
         if k == 0:

@@ -506,10 +506,12 @@ def _count_bytes(bs, h4):
 # --------------------------------------------------------------------------------------------- n:m blocks
 
 
-# Where the other two paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
-_NM_SMALL = 4    # blocks this short are picked (1:2, 1:4, 2:4 faster; 2:8 and 4:8 were slower picked)
-_NM_BISECT = 24  # from this k on the threshold is bisected (the same cost at 24:64 and 24:96, faster from
-                 # 32:128 on, slower at 16:64)
+# Where the other paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
+_NM_NET_MIN = 3  # blocks of 3 to 32 slots go through a sorting network, _NM_G blocks side by side (1 and 2:
+_NM_NET = 32     # one loop over the pairs, _nm_tiny)
+_NM_G = 16
+_NM_BISECT = 24  # longer blocks: from this k on the threshold is bisected (the same cost at 24:64 and 24:96,
+                 # faster from 32:128 on, slower at 16:64)
 
 
 @_pjit
@@ -519,71 +521,231 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     keeps its top min(n, r) (`pad_tail`) or nothing. Returns the blocks keeping fewer than min(n, length).
 
     Each free slot gets the key bits(|x|) (int32, ordered as |x|; a taken slot -1). The k-th largest key
-    counted with multiplicity, t, is found by vectorised passes, each taking the largest key below the last
-    maximum and counting that maximum's copies (bf16 task vectors repeat values often: ties cost no extra
-    pass); from k = 24 on (the 7B recipe's 64:256), by bisection on the key (about 30 counting passes
-    whatever k). The keys > t are kept and, of the keys == t, the first by position until k are kept (all of
-    them, the common case, in one branch-free loop). Blocks of m <= 4 (mergekit's default 1:4, 2:4) take k
-    picks of the largest free key instead (the per-block set-up of the passes outweighs their work there).
-    In pieces of whole blocks, one per thread."""
+    counted with multiplicity, t, is found per block: for m <= 32 by a sorting network over 16 blocks side by
+    side (:func:`_nm_net_span`); for longer blocks by vectorised passes, each taking the largest key below the
+    last maximum and counting that maximum's copies (bf16 task vectors repeat values often: ties cost no extra
+    pass), from k = 24 on (the 7B recipe's 64:256) by bisection on the key (about 30 counting passes whatever
+    k). The keys > t are kept and, of the keys == t, the first by position until k are kept (all of them, the
+    common case, in one branch-free loop). In pieces of whole blocks, one per thread."""
     size = x.shape[0]
     T = _n_pieces(size, m)
     short = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(size, t, T, m)
-        if m <= _NM_SMALL:
-            short[t] = _nm_span_small(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        if m < _NM_NET_MIN:
+            short[t] = _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        elif m <= _NM_NET:
+            short[t] = _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
         else:
             short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
     return short.sum()
 
 
 @_jit
-def _nm_span_small(x, lo, hi, n, m, taken, use_taken, pad_tail):
-    """nm_prune over the blocks in [lo, hi) for m <= _NM_SMALL: per whole block, k times the largest free key
-    not yet picked (the lower position on ties), until none is free; the tail block by :func:`_nm_span`. The
-    same slots as the passes: the k largest, ties by lower index."""
-    short = 0
-    ks = np.empty(_NM_SMALL, np.int32)
+def _nm_blocks(x, L, n, m, taken, use_taken, pad_tail, keys):
+    """nm_prune over one span x[:L] of whole blocks (and the tail), keys: a scratch row of at least m (used for
+    m > _NM_NET); its short blocks."""
+    if m < _NM_NET_MIN:
+        return _nm_tiny(x, 0, L, n, m, taken, use_taken, pad_tail)
+    if m <= _NM_NET:
+        return _nm_net_span(x, 0, L, n, m, taken, use_taken, pad_tail)
+    return _nm_keys(x, 0, L, n, m, taken, use_taken, pad_tail, keys)
+
+
+@_jit
+def _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail):
+    """nm_prune over the blocks in [lo, hi) for m = 1 or 2, written out (one branch-free loop over the whole
+    blocks: with m this short, any per-block set-up costs more than the choice): k = m keeps every free slot;
+    1:2 keeps the larger free key of each pair, the first on a tie. The tail block by :func:`_nm_keys`."""
     zero = np.float32(0.0)
     none = np.int32(-1)
-    picked = np.int32(-2)
     k = min(n, m)
     whole = (hi - lo) // m
-    for i in range(whole):
-        o = lo + i * m
-        for j in range(m):
-            b = np.int32(_f32_as_u32(abs(x[o + j])))
-            if use_taken and taken[o + j]:
-                b = none
-            ks[j] = b
-        got = 0
-        for _ in range(k):
-            best, at = none, -1
+    xs, tk = x[lo:lo + whole * m], taken[lo:lo + whole * m]
+    short = 0
+    if k == m:  # every free slot kept: short where a slot of the block was taken
+        for i in range(whole):
+            full = True
             for j in range(m):
-                if ks[j] > best:
-                    best, at = ks[j], j
-            if at < 0:  # no free slot left
-                break
-            ks[at] = picked
-            got += 1
-        short += got < k
-        for j in range(m):
-            keep = ks[j] == picked
-            x[o + j] = x[o + j] if keep else zero
+                free = True
+                if use_taken:
+                    free = not tk[i * m + j]
+                    tk[i * m + j] = True
+                xs[i * m + j] = xs[i * m + j] if free else zero
+                full &= free
+            short += not full
+    else:  # 1:2
+        for i in range(whole):
+            a = np.int32(_f32_as_u32(abs(xs[2 * i])))
+            b = np.int32(_f32_as_u32(abs(xs[2 * i + 1])))
             if use_taken:
-                taken[o + j] = taken[o + j] | keep
+                a = none if tk[2 * i] else a
+                b = none if tk[2 * i + 1] else b
+            k0 = (a >= 0) & (a >= b)
+            k1 = (b >= 0) & (b > a)
+            xs[2 * i] = xs[2 * i] if k0 else zero
+            xs[2 * i + 1] = xs[2 * i + 1] if k1 else zero
+            if use_taken:
+                tk[2 * i] = tk[2 * i] | k0
+                tk[2 * i + 1] = tk[2 * i + 1] | k1
+            short += (a < 0) & (b < 0)
     s = lo + whole * m
     if s < hi:
-        short += _nm_span(x, s, hi, n, m, taken, use_taken, pad_tail)
+        short += _nm_keys(x, s, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
+    return short
+
+
+def _batcher_pairs(n: int) -> list:
+    """Batcher's odd-even merge sort for n (a power of two) as its compare-exchange pairs (i, j), i < j, in order:
+    after them a[i] <= a[j] for every i < j (checked on every 0-1 input up to n = 16 and at random, tests)."""
+    pairs = []
+    p = 1
+    while p < n:
+        k = p
+        while k >= 1:
+            for j in range(k % p, n - k, 2 * k):
+                for i in range(min(k, n - j - k)):
+                    if (i + j) // (p * 2) == (i + j + k) // (p * 2):
+                        pairs.append((i + j, i + j + k))
+            k //= 2
+        p *= 2
+    return pairs
+
+
+def _net_src(P: int) -> str:
+    """The source of _nm_net<P>: per lane b of _NM_G, the P keys kt[i * _NM_G + b] sorted by Batcher's network
+    (min/max on locals: the loop over the lanes vectorises), then tt[b] = the sorted key at r (ascending), ab[b]
+    = the keys above it, eq[b] = its copies."""
+    G = _NM_G
+    lines = ["def f(kt, r, tt, ab, eq):", f"    for b in range({G}):"]
+    lines += [f"        v{i} = kt[{i * G} + b]" for i in range(P)]
+    lines += [f"        v{i}, v{j} = min(v{i}, v{j}), max(v{i}, v{j})" for i, j in _batcher_pairs(P)]
+    lines.append("        t = v0")
+    lines += [f"        t = v{i} if r == {i} else t" for i in range(1, P)]
+    lines.append("        tt[b] = t")
+    lines.append("        ab[b] = " + " + ".join(f"np.int32(v{i} > t)" for i in range(P)))
+    lines.append("        eq[b] = " + " + ".join(f"np.int32(v{i} == t)" for i in range(P)))
+    return "\n".join(lines) + "\n"
+
+
+def _net_stub(P: int):
+    def net(kt, r, tt, ab, eq):
+        """The sorting network for P keys (generated when compiled, see _net_src)."""
+
+    @overload(net)
+    def _impl(kt, r, tt, ab, eq):
+        return _defined(_net_src(P))
+    return net
+
+
+_nm_net2, _nm_net4, _nm_net8, _nm_net16, _nm_net32 = (_net_stub(P) for P in (2, 4, 8, 16, 32))
+
+
+@_jit
+def _nm_sort(kt, P, r, tt, ab, eq):
+    """The network for P keys (P a power of two, 2..32) over the _NM_G lanes of kt (see _net_src)."""
+    if P == 2:
+        _nm_net2(kt, r, tt, ab, eq)
+    elif P == 4:
+        _nm_net4(kt, r, tt, ab, eq)
+    elif P == 8:
+        _nm_net8(kt, r, tt, ab, eq)
+    elif P == 16:
+        _nm_net16(kt, r, tt, ab, eq)
+    else:
+        _nm_net32(kt, r, tt, ab, eq)
+
+
+@_jit
+def _nm_columns(x, lo, g, m, taken, use_taken, kt):
+    """Column b of kt (row j at kt[j * _NM_G + b]) = the keys of block b of the g blocks of m from lo."""
+    G = _NM_G
+    none = np.int32(-1)
+    for b in range(g):
+        o = lo + b * m
+        blk, tk = x[o:o + m], taken[o:o + m]  # slices: the loops over them vectorise
+        for j in range(m):
+            kb = np.int32(_f32_as_u32(abs(blk[j])))
+            if use_taken:
+                kb = none if tk[j] else kb
+            kt[j * G + b] = kb
+
+
+@_jit
+def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
+    """nm_prune over the blocks in [lo, hi) for m <= _NM_NET (lo a multiple of m): per group of _NM_G whole
+    blocks, each block's keys go to a column of kt (P = m rounded up to a power of two rows, the rows past m
+    holding -2, below every key), one sorting network sorts every column at once, and the key at P - k is the
+    k-th largest counted with multiplicity (below 0: fewer than k free slots, every free one is kept); then
+    each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. One thread, 2^21 float32 differences
+    of bf16 values: 4:32 2.26 -> 1.06 ns per element, 16:32 7.77 -> 1.24, 2:4 7.8 -> 2.33 against the passes
+    and picks this replaced (docs/cabs-merge.md)."""
+    G = _NM_G
+    P = 2
+    while P < m:
+        P *= 2
+    kt = np.full(P * G, np.int32(-2), np.int32)
+    tt = np.empty(G, np.int32)
+    ab = np.empty(G, np.int32)
+    eq = np.empty(G, np.int32)
+    zero = np.float32(0.0)
+    none = np.int32(-1)
+    short = 0
+    k = min(n, m)
+    r = P - k
+    whole = (hi - lo) // m
+    for g0 in range(0, whole, G):
+        g = min(G, whole - g0)
+        _nm_columns(x, lo + g0 * m, g, m, taken, use_taken, kt)
+        _nm_sort(kt, P, r, tt, ab, eq)
+        for b in range(g):
+            o = lo + (g0 + b) * m
+            blk, tk = x[o:o + m], taken[o:o + m]
+            t = tt[b]
+            if t < 0:  # fewer than k free slots: keep every free one
+                t = np.int32(0)
+                left, copies = m, 0
+            else:
+                left, copies = k - ab[b], eq[b]
+            q = 0
+            if left >= copies:  # every copy of t kept
+                for j in range(m):
+                    kj = np.int32(_f32_as_u32(abs(blk[j])))
+                    if use_taken:
+                        kj = none if tk[j] else kj
+                    keep = kj >= t
+                    q += keep
+                    blk[j] = blk[j] if keep else zero
+                    if use_taken:
+                        tk[j] = tk[j] | keep
+                short += q < k
+            else:  # the first `left` copies of t by position (as _keep_ties, written out here: a call to it
+                for j in range(m):  # slowed the loop above 1.6-3.7x)
+                    kj = np.int32(_f32_as_u32(abs(blk[j])))
+                    if use_taken:
+                        kj = none if tk[j] else kj
+                    e = kj == t
+                    keep = (kj > t) | (e & (q < left))
+                    q += e
+                    blk[j] = blk[j] if keep else zero
+                    if use_taken:
+                        tk[j] = tk[j] | keep
+    s = lo + whole * m
+    if s < hi:
+        short += _nm_keys(x, s, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
     return short
 
 
 @_jit
 def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
     """nm_prune over the blocks in [lo, hi) (lo a multiple of m); returns its short blocks."""
+    return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
+
+
+@_jit
+def _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
+    """_nm_span with its scratch keys (at least m) given."""
     short = 0
-    keys = np.empty(m, np.int32)
     zero = np.float32(0.0)
     none = np.int32(-1)
     for s in range(lo, hi, m):
@@ -1683,3 +1845,103 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, s
     z = np.zeros(k, np.int64)
     return _merge_models(base, raws, True, z, np.zeros(k), np.zeros(k, np.bool_), z, masks, ds, ws, consensus,
                          normalize, out, oraw, sc, emit)
+
+
+# --------------------------------------------------------------------------------------------- n:m methods in one pass
+
+
+@_pjit
+def nm_merge_raw(base, raws, ns, ms, align, use_taken, pad_tail, ws, out, oraw, sc, emit):
+    """CABS (use_taken: each model keeps its n:m among the slots no earlier model kept) or BS alone over every
+    model's chunk at once: tau_k = float32(raws[k]) - base, model k's balanced ns[k]:ms[k] pruning as nm_prune,
+    then out = sum_k tau_k * ws[k] over the models of nonzero weight, in model order (a zero-weight model takes
+    its slots and adds nothing; at least one weight must be nonzero). Bitwise as nm_prune and accumulate model
+    after model: the blocks are local, so a span of whole blocks (a multiple of `align`, the lcm of the ms) is
+    pruned, summed and written (`emit`, see _emit) while it is in cache. Pieces of whole spans, one per thread.
+    Returns (non-finite flag (nonzero: a task-vector element or sum is not finite), nonzeros of out, short
+    blocks per model, kept pairs (counts[a][b], a <= b), non-finite output flag)."""
+    K = len(raws)
+    n = base.shape[0]
+    T = _n_pieces(n, align)
+    sb = max(align, _BLOCK // align * align)  # a span: whole blocks of every model
+    weighted = False
+    for k in range(K):
+        weighted |= ws[k] != 1.0
+    bads = np.zeros(T, np.int64)
+    nzs = np.zeros(T, np.int64)
+    bos = np.zeros(T, np.int64)
+    shorts = np.zeros((T, K), np.int64)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, align)
+        b, z, bo = _nm_merge_piece(base, raws, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc,
+                                   emit, shorts[p], h4[4 * p:4 * p + 4])
+        bads[p] = b
+        nzs[p] = z
+        bos[p] = bo
+    short = np.zeros(K, np.int64)
+    for p in range(T):
+        for k in range(K):
+            short[k] += shorts[p, k]
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return bads.sum(), nzs.sum(), short, _hist_pairs(hist, K), bos.sum()
+
+
+@_jit
+def _nm_merge_piece(base, raws, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit, short,
+                    h4):
+    """nm_merge_raw over [lo, hi), span by span: each model's tau in a scratch row, pruned by _nm_blocks in the
+    models' order (one `taken` row for the span), then the overlap bits and the weighted sum row by row (every
+    loop vectorises). Returns (non-finite count, nonzeros of the sum, non-finite output flag)."""
+    K = len(raws)
+    tb = np.empty((K, sb), np.float32)
+    taken = np.zeros(sb, np.bool_)
+    keys = np.empty(max(ms.max(), 1), np.int32)
+    pat = np.empty(sb, np.uint8)
+    zero = np.float32(0.0)
+    one = np.float32(1.0)
+    bad = 0
+    nz = 0
+    bo = 0
+    for s in range(lo, hi, sb):
+        e = min(hi, s + sb)
+        L = e - s
+        tk = taken[:L]
+        if use_taken:
+            for j in range(L):
+                tk[j] = False
+        for k in range(K):
+            x = tb[k, :L]
+            bad += _tau_block(raws[k][s:e], base[s:e], x)
+            short[k] += _nm_blocks(x, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
+        pt = pat[:L]
+        for j in range(L):
+            pt[j] = np.uint8(0)
+        for k in range(K):
+            x = tb[k, :L]
+            bk = np.uint8(1 << k)
+            for j in range(L):
+                pt[j] |= bk if x[j] != zero else np.uint8(0)
+        _count_bytes(pt, h4)
+        o = out[s:e]
+        first = True
+        for k in range(K):
+            if ws[k] == 0.0:
+                continue
+            x = tb[k, :L]
+            wk = np.float32(ws[k]) if weighted else one
+            if first:
+                for j in range(L):
+                    o[j] = x[j] * wk
+                first = False
+            else:
+                for j in range(L):
+                    o[j] = o[j] + x[j] * wk
+        for j in range(L):
+            v = o[j]
+            bad += _bad(v)
+            nz += v != zero
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], o, sc)
+    return bad, nz, bo

@@ -617,6 +617,31 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
     return int(bad), int(nz), pairs, _emitted(bo, e)
 
 
+def nm_merge_raw(base, raws, nms, weights, conflict_aware: bool, pad_tail: bool, out, emit=None):
+    """CABS (`conflict_aware`) or BS alone in one pass over every model's chunk: model k's balanced nms[k] = (n, m)
+    pruning of tau_k = float32(raws[k]) - base (as :func:`nm_prune`, CABS' in the models' order), then out =
+    the weighted sum over the models of nonzero weight (at least one), bitwise as nm_prune and accumulate model
+    after model. The chunk starts on a block boundary of every model. (non-finite flag, nonzeros of out, short
+    blocks per model, kept pairs as topk_merge_raw's, non-finite output flag or None (`emit`, as sum_raw)) or
+    None when not run."""
+    import math
+
+    import numpy as np
+
+    got = _one_pass(base, raws, out)
+    if got is None or not any(weights):
+        return None
+    align = 1
+    for _, m in nms:
+        align = align * int(m) // math.gcd(align, int(m))
+    e = _emit_args(base, emit)
+    bad, nz, short, pairs, bo = _mod().nm_merge_raw(
+        got[0], got[1], np.array([n for n, _ in nms], np.int64), np.array([m for _, m in nms], np.int64), align,
+        bool(conflict_aware), bool(pad_tail), np.asarray(weights, np.float64), _np(out).reshape(-1),
+        *_emit_flagged(got[0], e))
+    return int(bad), int(nz), [int(c) for c in short], pairs, _emitted(bo, e)
+
+
 def apply_raw(base, merged, lam: float, sign: int, out):
     """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; nonzero
     where an output is not finite (0: all finite), or None when not run."""
