@@ -222,6 +222,24 @@ class CAMagnitude(_Pruned):
             return None  # cannot happen after radix_select_tau ran (same checks); the torch path would redo it
         return 0
 
+    one_pass = True
+
+    def merge_raw(self, st, raws, base, wanted):
+        """Every model's chunk pruned by its threshold on the slots still free (in the models' order) and summed
+        in one compiled loop, element by element (each input read once, no task vector or taken row stored);
+        None (fed model by model) where a weight is 0 or a threshold is not float32."""
+        import torch
+
+        thrs = [st.thr[i] for i in wanted]
+        if any(t is not None and t.dtype != torch.float32 for t in thrs):
+            return None
+        got = K.ca_merge_raw(base, raws, [None if t is None else float(t) for t in thrs],
+                             [st.plan.weights[i] for i in wanted], st.total, emit=st.emit)
+        if got is None or got[0]:
+            return None if got is None else (got[0], st.total, 0, None)
+        st.count_pairs(wanted, got[2])
+        return 0, st.total, got[1], got[3]
+
     def add(self, st, tau, i, k, p):
         import torch
 

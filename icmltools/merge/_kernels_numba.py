@@ -1851,7 +1851,7 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, s
 
 
 @_pjit
-def nm_merge_raw(base, raws, ns, ms, align, use_taken, pad_tail, ws, out, oraw, sc, emit):
+def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, oraw, sc, emit):
     """CABS (use_taken: each model keeps its n:m among the slots no earlier model kept) or BS alone over every
     model's chunk at once: tau_k = float32(raws[k]) - base, model k's balanced ns[k]:ms[k] pruning as nm_prune,
     then out = sum_k tau_k * ws[k] over the models of nonzero weight, in model order (a zero-weight model takes
@@ -1859,8 +1859,9 @@ def nm_merge_raw(base, raws, ns, ms, align, use_taken, pad_tail, ws, out, oraw, 
     after model: the blocks are local, so a span of whole blocks (a multiple of `align`, the lcm of the ms) is
     pruned, summed and written (`emit`, see _emit) while it is in cache. Pieces of whole spans, one per thread.
     Returns (non-finite flag (nonzero: a task-vector element or sum is not finite), nonzeros of out, short
-    blocks per model, kept pairs (counts[a][b], a <= b), non-finite output flag)."""
-    K = len(raws)
+    blocks per model, kept pairs (counts[a][b], a <= b), non-finite output flag). `raws` holds MAX_ONE_PASS
+    arrays, the first K the models' (the rest unused): one compiled loop for every model count (each count took
+    13-25 s to compile, the networks' code optimised again in each)."""
     n = base.shape[0]
     T = _n_pieces(n, align)
     sb = max(align, _BLOCK // align * align)  # a span: whole blocks of every model
@@ -1874,8 +1875,8 @@ def nm_merge_raw(base, raws, ns, ms, align, use_taken, pad_tail, ws, out, oraw, 
     h4 = np.zeros((4 * T, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, align)
-        b, z, bo = _nm_merge_piece(base, raws, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc,
-                                   emit, shorts[p], h4[4 * p:4 * p + 4])
+        b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw,
+                                   sc, emit, shorts[p], h4[4 * p:4 * p + 4])
         bads[p] = b
         nzs[p] = z
         bos[p] = bo
@@ -1889,12 +1890,11 @@ def nm_merge_raw(base, raws, ns, ms, align, use_taken, pad_tail, ws, out, oraw, 
 
 
 @_jit
-def _nm_merge_piece(base, raws, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit, short,
-                    h4):
+def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit,
+                    short, h4):
     """nm_merge_raw over [lo, hi), span by span: each model's tau in a scratch row, pruned by _nm_blocks in the
     models' order (one `taken` row for the span), then the overlap bits and the weighted sum row by row (every
     loop vectorises). Returns (non-finite count, nonzeros of the sum, non-finite output flag)."""
-    K = len(raws)
     tb = np.empty((K, sb), np.float32)
     taken = np.zeros(sb, np.bool_)
     keys = np.empty(max(ms.max(), 1), np.int32)
@@ -1945,3 +1945,78 @@ def _nm_merge_piece(base, raws, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, wei
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], o, sc)
     return bad, nz, bo
+
+
+# --------------------------------------------------------------------------------------------- CA-magnitude in one pass
+
+
+@_pjit
+def ca_merge_raw(base, raws, tv, ws, out, oraw, sc, emit):
+    """CA-magnitude over every model's chunk at once: in the models' order, model k keeps tau_k =
+    float32(raws[k]) - base where |tau_k| > tv[k] and no earlier model kept the slot (tv[k] = inf: nothing);
+    out = sum_k kept_k * ws[k] in model order (every weight nonzero). Bitwise as threshold_prune and accumulate
+    model after model (one element's models in registers: the slots taken need no row). Per block of _BLOCK,
+    pieces of whole blocks, one per thread; with `emit` each block's output written while it is in cache (see
+    _emit). Returns (non-finite flag, nonzeros of out, kept pairs as topk_merge_raw's, non-finite output flag)."""
+    K = len(raws)
+    n = base.shape[0]
+    T = _n_pieces(n, _BLOCK)
+    bads = np.zeros(T, np.int64)
+    nzs = np.zeros(T, np.int64)
+    bos = np.zeros(T, np.int64)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    tf = np.empty(K, np.float32)
+    wf = np.empty(K, np.float32)
+    for k in range(K):
+        tf[k] = np.float32(tv[k])
+        wf[k] = np.float32(ws[k])
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, _BLOCK)
+        pat = np.empty(_BLOCK, np.uint8)
+        bad = np.uint32(0)
+        nz = 0
+        bo = 0
+        for s in range(lo, hi, _BLOCK):
+            e = min(hi, s + _BLOCK)
+            b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, out[s:e], pat[:e - s])
+            _count_bytes(pat[:e - s], h4[4 * p:4 * p + 4])
+            bad = max(bad, b)
+            nz += z
+            if emit:
+                bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
+        bads[p] = bad
+        nzs[p] = nz
+        bos[p] = bo
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return bads.sum(), nzs.sum(), _hist_pairs(hist, K), bos.sum()
+
+
+def _ca_span(bs, rs, tv, ws, o, pt):
+    """One span of ca_merge_raw, the models written out (generated for their count when compiled, as
+    _fused_span): (non-finite flag (see _nf), nonzeros of o)."""
+
+
+@overload(_ca_span)
+def _ca_span_impl(bs, rs, tv, ws, o, pt):
+    K = len(rs)
+    lines = ["def f(bs, rs, tv, ws, o, pt):",
+             "    zero = np.float32(0.0)",
+             "    bad = np.uint32(0)",
+             "    nz = 0"]
+    for k in range(K):
+        lines += [f"    r{k} = rs[{k}]", f"    t{k} = tv[{k}]", f"    w{k} = ws[{k}]"]
+    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)"]
+    for k in range(K):
+        lines.append(f"        x{k} = as_f32(r{k}, j) - b")
+        lines.append(f"        k{k} = abs(x{k}) > t{k}" if k == 0 else f"        k{k} = (abs(x{k}) > t{k}) & (not tk)")
+        lines.append("        tk = k0" if k == 0 else f"        tk = tk | k{k}")
+        lines.append(f"        v{k} = x{k} if k{k} else zero")
+    lines.append("        c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+    lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
+                                                for k in range(K)))
+    lines.append("        t = v0 * w0")
+    lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
+    lines += ["        o[j] = t", "        bad = max(bad, _flag(c + _nf(t)))", "        nz += t != zero",
+              "    return bad, nz"]
+    return _defined("\n".join(lines) + "\n")

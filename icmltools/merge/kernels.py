@@ -635,11 +635,31 @@ def nm_merge_raw(base, raws, nms, weights, conflict_aware: bool, pad_tail: bool,
     for _, m in nms:
         align = align * int(m) // math.gcd(align, int(m))
     e = _emit_args(base, emit)
+    raws8 = got[1] + (got[0][:0],) * (MAX_ONE_PASS - len(raws))  # always 8: one compiled loop for every count
     bad, nz, short, pairs, bo = _mod().nm_merge_raw(
-        got[0], got[1], np.array([n for n, _ in nms], np.int64), np.array([m for _, m in nms], np.int64), align,
+        got[0], raws8, len(raws), np.array([n for n, _ in nms], np.int64), np.array([m for _, m in nms], np.int64),
+        align,
         bool(conflict_aware), bool(pad_tail), np.asarray(weights, np.float64), _np(out).reshape(-1),
         *_emit_flagged(got[0], e))
     return int(bad), int(nz), [int(c) for c in short], pairs, _emitted(bo, e)
+
+
+def ca_merge_raw(base, raws, thresholds, weights, out, emit=None):
+    """CA-magnitude in one pass over every model's chunk: in the models' order, model k keeps tau_k where |tau_k| >
+    thresholds[k] (None: nothing) on the slots no earlier model kept, out = the weighted sum (every weight
+    nonzero: a zero-weight model still takes slots, fed model by model), bitwise as threshold_prune and
+    accumulate model after model. (non-finite flag, nonzeros of out, kept pairs as topk_merge_raw's, non-finite
+    output flag or None (`emit`, as sum_raw)) or None when not run."""
+    import numpy as np
+
+    got = _one_pass(base, raws, out)
+    if got is None or not all(weights):
+        return None
+    tv = np.array([np.inf if t is None else t for t in thresholds], np.float64)
+    e = _emit_args(base, emit)
+    bad, nz, pairs, bo = _mod().ca_merge_raw(got[0], got[1], tv, np.asarray(weights, np.float64),
+                                             _np(out).reshape(-1), *_emit_flagged(got[0], e))
+    return int(bad), int(nz), pairs, _emitted(bo, e)
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):
