@@ -692,6 +692,9 @@ def test_sorting_networks_sort():
             for i, j in pairs:
                 w[i], w[j] = min(w[i], w[j]), max(w[i], w[j])
             assert w == sorted(v), (n, v)
+    # each generated network has a name of its own: numba names compiled code by name, types and a per-process
+    # counter, and networks of equal types compiled in two processes must not meet under one symbol (cache)
+    assert len({KN._defined(KN._net_src(n)).__qualname__ for n in (4, 8, 16, 32)}) == 4
 
 
 @pytest.mark.parametrize("method", ["cabs", "bs"])
@@ -738,3 +741,7 @@ def test_one_pass_equals_model_by_model_and_torch(method, tmp_path):
             assert (sum(fast[2]) > 0) == (method == "cabs")  # CABS' later models find blocks already full
     finally:
         numba.set_num_threads(old)
+    z = torch.zeros(8)  # blocks that align only on spans over 2^16 (lcm 257 x 263), or every weight 0: model by model
+    assert K.nm_merge_raw(z, [z, z], [(1, 257), (1, 263)], [1.0, 1.0], True, False, z.clone()) is None
+    assert K.nm_merge_raw(z, [z, z], [(1, 4), (1, 4)], [0.0, 0.0], True, False, z.clone()) is None
+    assert K.nm_merge_raw(z, [z, z], [(1, 4), (1, 4)], [1.0, 0.0], True, False, z.clone()) is not None

@@ -638,15 +638,13 @@ def _net_stub(P: int):
     return net
 
 
-_nm_net2, _nm_net4, _nm_net8, _nm_net16, _nm_net32 = (_net_stub(P) for P in (2, 4, 8, 16, 32))
+_nm_net4, _nm_net8, _nm_net16, _nm_net32 = (_net_stub(P) for P in (4, 8, 16, 32))
 
 
 @_jit
 def _nm_sort(kt, P, r, tt, ab, eq):
-    """The network for P keys (P a power of two, 2..32) over the _NM_G lanes of kt (see _net_src)."""
-    if P == 2:
-        _nm_net2(kt, r, tt, ab, eq)
-    elif P == 4:
+    """The network for P keys (P a power of two, 4..32) over the _NM_G lanes of kt (see _net_src)."""
+    if P == 4:
         _nm_net4(kt, r, tt, ab, eq)
     elif P == 8:
         _nm_net8(kt, r, tt, ab, eq)
@@ -681,7 +679,7 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
     of bf16 values: 4:32 2.23 -> 1.12 ns per element, 16:32 7.53 -> 1.26, 2:4 7.16 -> 2.80 against the passes
     and picks this replaced (docs/merge-engine.md)."""
     G = _NM_G
-    P = 2
+    P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
         P *= 2
     kt = np.full(P * G, np.int32(-2), np.int32)
@@ -1686,10 +1684,17 @@ def _rows_impl(masks, raws, lo, hi):
 
 def _defined(src: str):
     """The function `f` defined by `src`, our own generated text (literal model indices), with this module's
-    names in scope."""
+    names in scope, named after a hash of its text: numba names a compiled function after its qualified name and
+    types (and a counter that restarts in every process), so two generated functions of the same name and types
+    (the networks for different sizes) compiled in different processes would share a symbol when their cached
+    callers meet in one process, and one would run in place of the other."""
+    import hashlib
+
     ns = dict(globals())
     exec(src, ns)
-    return ns["f"]
+    fn = ns["f"]
+    fn.__name__ = fn.__qualname__ = "gen_" + hashlib.sha1(src.encode()).hexdigest()[:16]
+    return fn
 
 
 def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):

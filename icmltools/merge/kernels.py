@@ -471,6 +471,7 @@ def threshold_prune(x, thr: float, taken) -> bool:
 # --------------------------------------------------------------------------------------------- one pass over all models
 
 MAX_ONE_PASS = 8  # models merged in one pass (each count is compiled once; more models go one at a time)
+_NM_SPAN_MAX = 1 << 16  # n:m patterns whose blocks align only on longer spans (lcm of the m) go model by model
 
 
 def _one_pass(base, raws, *bufs):
@@ -628,19 +629,20 @@ def nm_merge_raw(base, raws, nms, weights, conflict_aware: bool, pad_tail: bool,
 
     import numpy as np
 
-    got = _one_pass(base, raws, out)
-    if got is None or not any(weights):
-        return None
     align = 1
     for _, m in nms:
         align = align * int(m) // math.gcd(align, int(m))
+    if align > _NM_SPAN_MAX or not any(weights):  # a span holds whole blocks of every model, per model and thread
+        return None
+    got = _one_pass(base, raws, out)
+    if got is None:
+        return None
     e = _emit_args(base, emit)
     raws8 = got[1] + (got[0][:0],) * (MAX_ONE_PASS - len(raws))  # always 8: one compiled loop for every count
-    bad, nz, short, pairs, bo = _mod().nm_merge_raw(
-        got[0], raws8, len(raws), np.array([n for n, _ in nms], np.int64), np.array([m for _, m in nms], np.int64),
-        align,
-        bool(conflict_aware), bool(pad_tail), np.asarray(weights, np.float64), _np(out).reshape(-1),
-        *_emit_flagged(got[0], e))
+    ns, ms = np.array([n for n, _ in nms], np.int64), np.array([m for _, m in nms], np.int64)
+    bad, nz, short, pairs, bo = _mod().nm_merge_raw(got[0], raws8, len(raws), ns, ms, align, bool(conflict_aware),
+                                                    bool(pad_tail), np.asarray(weights, np.float64),
+                                                    _np(out).reshape(-1), *_emit_flagged(got[0], e))
     return int(bad), int(nz), [int(c) for c in short], pairs, _emitted(bo, e)
 
 
