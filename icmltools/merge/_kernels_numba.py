@@ -1526,6 +1526,21 @@ def _prune_block(x, mode, t, all_ties, left, seen):
 
 
 @_jit
+def _kept_bits(tb, L, pt, h4):
+    """pt[j] = the models keeping element j (bit k: row k of tb nonzero), row by row (vectorised), counted into
+    h4 (see _count_bytes)."""
+    zero = np.float32(0.0)
+    for j in range(L):
+        pt[j] = np.uint8(0)
+    for k in range(tb.shape[0]):
+        x = tb[k, :L]
+        bk = np.uint8(1 << k)
+        for j in range(L):
+            pt[j] |= bk if x[j] != zero else np.uint8(0)
+    _count_bytes(pt, h4)
+
+
+@_jit
 def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
     """The pruned task vectors of one block (row k of tb: model k's, L elements) combined in model order into o:
     sum_k w_k x_k (consensus False), or TIES' sign election and disjoint (weighted) mean; pt[j] = which models
@@ -1536,14 +1551,7 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
     K = tb.shape[0]
     zero = np.float32(0.0)
     one = np.float32(1.0)
-    for j in range(L):
-        pt[j] = np.uint8(0)
-    for k in range(K):
-        x = tb[k, :L]
-        bk = np.uint8(1 << k)
-        for j in range(L):
-            pt[j] |= bk if x[j] != zero else np.uint8(0)
-    _count_bytes(pt, h4)
+    _kept_bits(tb, L, pt, h4)
     t = sc[0, :L]
     x = tb[0, :L]
     w0 = np.float32(ws[0]) if weighted else one
@@ -1771,6 +1779,30 @@ def _fused_src(K: int, dare: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+@_jit
+def _piece_rows(T):
+    """A one-pass driver's results per piece: (non-finite flags, nonzeros, non-finite output flags, four byte
+    histograms of the kept-model bits each)."""
+    return np.zeros(T, np.int64), np.zeros(T, np.int64), np.zeros(T, np.int64), np.zeros((4 * T, 256), np.int64)
+
+
+@_jit
+def _pairs_of(h4, K):
+    """The kept pairs of K models (counts[a][b], a <= b) from the pieces' byte histograms."""
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return _hist_pairs(hist, K)
+
+
+@_jit
+def _weighted(ws, K):
+    """Whether a weight of the first K models is not 1 (x * 1 == x: one flag serves all models)."""
+    w = False
+    for k in range(K):
+        w |= ws[k] != 1.0
+    return w
+
+
 @_pjit
 def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc,
                   emit):
@@ -1792,14 +1824,9 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
             before[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls)
         for p in range(T):
             before[p + 1] += before[p]
-    weighted = False
-    for k in range(K):
-        weighted |= ws[k] != 1.0
-    bads = np.zeros(T, np.int64)
-    nzs = np.zeros(T, np.int64)
-    bos = np.zeros(T, np.int64)
+    weighted = _weighted(ws, K)
+    bads, nzs, bos, h4 = _piece_rows(T)
     seen = np.zeros((T, K), np.int64)
-    h4 = np.zeros((4 * T, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
@@ -1812,9 +1839,7 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     for p in range(T):
         for k in range(K):
             ties[k] += seen[p, k] - before[p, k]
-    hist = np.zeros(256, np.int64)
-    _add_parts(hist, h4)
-    return bads.sum(), nzs.sum(), ties, _hist_pairs(hist, K), bos.sum()
+    return bads.sum(), nzs.sum(), ties, _pairs_of(h4, K), bos.sum()
 
 
 def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit):
@@ -1870,14 +1895,9 @@ def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, ora
     n = base.shape[0]
     T = _n_pieces(n, align)
     sb = max(align, _BLOCK // align * align)  # a span: whole blocks of every model
-    weighted = False
-    for k in range(K):
-        weighted |= ws[k] != 1.0
-    bads = np.zeros(T, np.int64)
-    nzs = np.zeros(T, np.int64)
-    bos = np.zeros(T, np.int64)
+    weighted = _weighted(ws, K)
+    bads, nzs, bos, h4 = _piece_rows(T)
     shorts = np.zeros((T, K), np.int64)
-    h4 = np.zeros((4 * T, 256), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, align)
         b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw,
@@ -1889,9 +1909,7 @@ def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, ora
     for p in range(T):
         for k in range(K):
             short[k] += shorts[p, k]
-    hist = np.zeros(256, np.int64)
-    _add_parts(hist, h4)
-    return bads.sum(), nzs.sum(), short, _hist_pairs(hist, K), bos.sum()
+    return bads.sum(), nzs.sum(), short, _pairs_of(h4, K), bos.sum()
 
 
 @_jit
@@ -1920,15 +1938,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             short[k] += _nm_blocks(x, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
-        pt = pat[:L]
-        for j in range(L):
-            pt[j] = np.uint8(0)
-        for k in range(K):
-            x = tb[k, :L]
-            bk = np.uint8(1 << k)
-            for j in range(L):
-                pt[j] |= bk if x[j] != zero else np.uint8(0)
-        _count_bytes(pt, h4)
+        _kept_bits(tb, L, pat[:L], h4)
         o = out[s:e]
         first = True
         for k in range(K):
@@ -1966,10 +1976,7 @@ def ca_merge_raw(base, raws, tv, ws, out, oraw, sc, emit):
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, _BLOCK)
-    bads = np.zeros(T, np.int64)
-    nzs = np.zeros(T, np.int64)
-    bos = np.zeros(T, np.int64)
-    h4 = np.zeros((4 * T, 256), np.int64)
+    bads, nzs, bos, h4 = _piece_rows(T)
     tf = np.empty(K, np.float32)
     wf = np.empty(K, np.float32)
     for k in range(K):
@@ -1992,9 +1999,7 @@ def ca_merge_raw(base, raws, tv, ws, out, oraw, sc, emit):
         bads[p] = bad
         nzs[p] = nz
         bos[p] = bo
-    hist = np.zeros(256, np.int64)
-    _add_parts(hist, h4)
-    return bads.sum(), nzs.sum(), _hist_pairs(hist, K), bos.sum()
+    return bads.sum(), nzs.sum(), _pairs_of(h4, K), bos.sum()
 
 
 def _ca_span(bs, rs, tv, ws, o, pt):
