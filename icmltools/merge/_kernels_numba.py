@@ -532,24 +532,20 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     short = np.zeros(T, np.int64)
     for t in prange(T):
         lo, hi = _piece(size, t, T, m)
-        if m < _NM_NET_MIN:
-            short[t] = _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail)
-        elif m <= _NM_NET:
-            short[t] = _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
-        else:
-            short[t] = _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        short[t] = _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
     return short.sum()
 
 
 @_jit
-def _nm_blocks(x, L, n, m, taken, use_taken, pad_tail, keys):
-    """nm_prune over one span x[:L] of whole blocks (and the tail), keys: a scratch row of at least m (used for
-    m > _NM_NET); its short blocks."""
+def _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
+    """nm_prune over the blocks in [lo, hi) (lo a multiple of m; the tail block last), by the path for m: the
+    pair loop, the sorting network or the passes; keys: a scratch row of at least m (used for m > _NM_NET).
+    Its short blocks."""
     if m < _NM_NET_MIN:
-        return _nm_tiny(x, 0, L, n, m, taken, use_taken, pad_tail)
+        return _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail)
     if m <= _NM_NET:
-        return _nm_net_span(x, 0, L, n, m, taken, use_taken, pad_tail)
-    return _nm_keys(x, 0, L, n, m, taken, use_taken, pad_tail, keys)
+        return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
+    return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys)
 
 
 @_jit
@@ -717,8 +713,8 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
                     if use_taken:
                         tk[j] = tk[j] | keep
                 short += q < k
-            else:  # the first `left` copies of t by position (as _keep_ties, written out here: a call to it
-                for j in range(m):  # slowed the loop above 1.6-3.7x)
+            else:  # the first `left` copies of t by position (as _keep_ties, written out here: calling it, its
+                for j in range(m):  # key row filled first, made the loop above 1.6-3.7x slower, measured)
                     kj = np.int32(_f32_as_u32(abs(blk[j])))
                     if use_taken:
                         kj = none if tk[j] else kj
@@ -735,14 +731,9 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
 
 
 @_jit
-def _nm_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
-    """nm_prune over the blocks in [lo, hi) (lo a multiple of m); returns its short blocks."""
-    return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
-
-
-@_jit
 def _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
-    """_nm_span with its scratch keys (at least m) given."""
+    """nm_prune over the blocks in [lo, hi) (lo a multiple of m) by passes or bisection, keys: a scratch row of
+    at least m; returns its short blocks."""
     short = 0
     zero = np.float32(0.0)
     none = np.int32(-1)
@@ -1937,7 +1928,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
         for k in range(K):
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
-            short[k] += _nm_blocks(x, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
+            short[k] += _nm_blocks(x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
         _kept_bits(tb, L, pat[:L], h4)
         o = out[s:e]
         first = True
