@@ -507,9 +507,10 @@ def _count_bytes(bs, h4):
 
 
 # Where the other paths win (one thread, float32 differences of bf16 values; figures in docs/cabs-merge.md):
-_NM_RANK_MIN = 3  # blocks of 3 to 8 slots: each slot's rank in its block, written out (1 and 2: one loop over
-_NM_RANK = 8      # the pairs, _nm_tiny); 9 to 32: a sorting network, _NM_G blocks side by side
-_NM_NET = 32
+_NM_NET_MIN = 3  # blocks of 3 to 32 slots go through a sorting network, _NM_G blocks side by side (1 and 2:
+_NM_NET = 32     # one loop over the pairs, _nm_tiny), except blocks of 4 and 8: each slot's rank in its block
+                 # (the rank loop for 3, 5, 6 and 7 too was as fast, but each m compiled into every caller: the
+                 # n:m loops' first compile 12-13 -> 23-29 s with all six, so only the common 1:4, 2:4, 2:8, 4:8)
 _NM_ROW = 2048    # the rank loop's key row (nm_prune and the one-pass loop pass a scratch row of this length)
 _NM_G = 16
 _NM_BISECT = 24  # longer blocks: from this k on the threshold is bisected (the same cost at 24:64 and 24:96,
@@ -522,9 +523,9 @@ def nm_prune(x, n, m, taken, use_taken, pad_tail):
     the slots not taken (ties by lower index), zero the rest, mark the kept in `taken`; the last partial block
     keeps its top min(n, r) (`pad_tail`) or nothing. Returns the blocks keeping fewer than min(n, length).
 
-    Each free slot gets the key bits(|x|) (int32, ordered as |x|; a taken slot -1). For 3 <= m <= 8 each slot's
+    Each free slot gets the key bits(|x|) (int32, ordered as |x|; a taken slot -1). For m = 4 and 8 each slot's
     rank in its block decides (:func:`_rank_src`). Otherwise the k-th largest key counted with multiplicity, t,
-    is found per block: for 9 <= m <= 32 by a sorting network over 16 blocks side by side
+    is found per block: for 3 <= m <= 32 by a sorting network over 16 blocks side by side
     (:func:`_nm_net_span`); for longer blocks by vectorised passes, each taking the largest key below the
     last maximum and counting that maximum's copies (bf16 task vectors repeat values often: ties cost no extra
     pass), from k = 24 on (the 7B recipe's 64:256) by bisection on the key (about 30 counting passes whatever
@@ -544,10 +545,12 @@ def _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
     """nm_prune over the blocks in [lo, hi) (lo a multiple of m; the tail block last), by the path for m: the
     pair loop, the ranks, the sorting network or the passes; keys: a scratch row of at least m (the ranks use
     up to _NM_ROW of it). Its short blocks."""
-    if m < _NM_RANK_MIN:
+    if m < _NM_NET_MIN:
         return _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail)
-    if m <= _NM_RANK:
-        return _nm_ranked(x, lo, hi, n, m, taken, use_taken, pad_tail, keys)
+    if m == 4:
+        return _nm_rank4(x, lo, hi, n, taken, use_taken, pad_tail, keys)
+    if m == 8:
+        return _nm_rank8(x, lo, hi, n, taken, use_taken, pad_tail, keys)
     if m <= _NM_NET:
         return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
     return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys)
@@ -604,8 +607,9 @@ def _rank_src(m: int) -> str:
     branch). With taken slots, the keys go to a row first (key -1 where taken), the rank loop writes each slot's
     keep bit there (and the block's short bit above the first slot's), then one loop zeroes and marks, and one
     counts the short blocks (a per-block int64 count in the rank loop halved its vector width: 0.36 ns per slot
-    more). One thread, spans of 2048 float32 differences of bf16 values: 1:4, 2:4 2.5-4.1 -> 0.31-0.43 ns per
-    element (taken slots 3.7-4.6 -> 0.68-0.79), 3:8 2.0-3.5 -> 0.65-0.84 (1.03-1.14) against the network."""
+    more). One thread, 2^21 + 37 float32 differences of bf16 values, against the network: 1:4 and 2:4 2.5-3.8 ->
+    0.30-0.31 ns per element (30 % of the slots taken: 3.2-4.1 -> 0.64-0.66), 4:8 1.7-2.7 -> 0.59-0.61 (2.1-2.9
+    -> 0.98-1.0); 16:32 by ranks was no faster than the network (15 comparisons per slot)."""
     lines = ["def f(x, lo, hi, n, taken, use_taken, pad_tail, keys):",
              "    zero = np.float32(0.0)",
              "    none = np.int32(-1)",
@@ -662,23 +666,7 @@ def _rank_stub(m: int):
     return rank
 
 
-_nm_rank3, _nm_rank4, _nm_rank5, _nm_rank6, _nm_rank7, _nm_rank8 = (_rank_stub(m) for m in range(3, 9))
-
-
-@_jit
-def _nm_ranked(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
-    """nm_prune over [lo, hi) for _NM_RANK_MIN <= m <= _NM_RANK by the rank loop for m (see _rank_src)."""
-    if m == 3:
-        return _nm_rank3(x, lo, hi, n, taken, use_taken, pad_tail, keys)
-    if m == 4:
-        return _nm_rank4(x, lo, hi, n, taken, use_taken, pad_tail, keys)
-    if m == 5:
-        return _nm_rank5(x, lo, hi, n, taken, use_taken, pad_tail, keys)
-    if m == 6:
-        return _nm_rank6(x, lo, hi, n, taken, use_taken, pad_tail, keys)
-    if m == 7:
-        return _nm_rank7(x, lo, hi, n, taken, use_taken, pad_tail, keys)
-    return _nm_rank8(x, lo, hi, n, taken, use_taken, pad_tail, keys)
+_nm_rank4, _nm_rank8 = (_rank_stub(m) for m in (4, 8))
 
 
 def _batcher_pairs(n: int) -> list:
@@ -724,13 +712,17 @@ def _net_stub(P: int):
     return net
 
 
-_nm_net16, _nm_net32 = (_net_stub(P) for P in (16, 32))
+_nm_net4, _nm_net8, _nm_net16, _nm_net32 = (_net_stub(P) for P in (4, 8, 16, 32))
 
 
 @_jit
 def _nm_sort(kt, P, r, tt, ab, eq):
-    """The network for P keys (16 or 32) over the _NM_G lanes of kt (see _net_src)."""
-    if P == 16:
+    """The network for P keys (P a power of two, 4..32) over the _NM_G lanes of kt (see _net_src)."""
+    if P == 4:
+        _nm_net4(kt, r, tt, ab, eq)
+    elif P == 8:
+        _nm_net8(kt, r, tt, ab, eq)
+    elif P == 16:
         _nm_net16(kt, r, tt, ab, eq)
     else:
         _nm_net32(kt, r, tt, ab, eq)
@@ -753,15 +745,15 @@ def _nm_columns(x, lo, g, m, taken, use_taken, kt):
 
 @_jit
 def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
-    """nm_prune over the blocks in [lo, hi) for _NM_RANK < m <= _NM_NET (lo a multiple of m): per group of
-    _NM_G whole blocks, each block's keys go to a column of kt (P = m rounded up to a power of two rows, the rows past m
+    """nm_prune over the blocks in [lo, hi) for _NM_NET_MIN <= m <= _NM_NET, m not 4 or 8 (lo a multiple of
+    m): per group of _NM_G whole blocks, each block's keys go to a column of kt (P = m rounded up to a power of two rows, the rows past m
     holding -2, below every key), one sorting network sorts every column at once, and the key at P - k is the
     k-th largest counted with multiplicity (below 0: fewer than k free slots, every free one is kept); then
     each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. One thread, 2^21 float32 differences
     of bf16 values: 4:32 2.23 -> 1.12 ns per element, 16:32 7.53 -> 1.26 against the passes this replaced
-    (docs/merge-engine.md); blocks of up to 8 slots went here too (2:4 2.80) until the rank loop."""
+    (docs/merge-engine.md); blocks of 4 and 8 went here too (2:4 2.80) until the rank loop."""
     G = _NM_G
-    P = 16  # m > _NM_RANK = 8
+    P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
         P *= 2
     kt = np.full(P * G, np.int32(-2), np.int32)
