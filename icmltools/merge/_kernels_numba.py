@@ -1670,9 +1670,10 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                  normalize, out, h4, oraw, sc, emit):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
     (each model's DARE drop) over [lo, hi), per block of _BLOCK: every model's rule made one comparison (a top-k
-    block where each model's ties at its threshold are all kept or all dropped, known from their count; DARE),
-    then :func:`_fused_span`; a block where a model's quota of ties runs out goes model by model (its tau pruned
-    in a scratch row, then combined); with `emit` each block's output goes to the output chunk oraw while it
+    block where each model's ties at its threshold are all kept or all dropped; DARE), then :func:`_fused_span`,
+    which counts the ties; only a block where a model's quota of ties can run out counts them first
+    (:func:`_quota_ends`), and where one does it goes model by model (its tau pruned in a scratch row, then
+    combined: :func:`_counted_block`); with `emit` each block's output goes to the output chunk oraw while it
     is in cache (see _emit: a test per block, so this loop is compiled once whether it writes the output or not;
     a second specialisation took 9 s to compile). Returns (non-finite flag (nonzero: some task-vector element or result is not
     finite), nonzeros of the result, non-finite output flag)."""
@@ -1684,7 +1685,6 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
     tf = np.zeros(K, np.bool_)
     dv = np.ones(K, np.float32)  # DARE's divisor (1: p = 0, x / 1 == x)
     wv = np.ones(K, np.float32)
-    counted = False
     for k in range(K):
         if weighted:
             wv[k] = np.float32(ws[k])
@@ -1694,7 +1694,6 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         else:
             if modes[k] == 2:
                 tv[k] = np.float32(thrs[k])
-                counted = True
             else:  # mode 0 keeps none (|tau| > inf), mode 1 all (|tau| > -1)
                 tv[k] = np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0)
     bad = 0
@@ -1705,37 +1704,71 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         L = e - s
         rs = _slices(raws, s, e)
         if dare:
-            b, z = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus, normalize,
-                               out[s:e], pat[:L])
+            b, z, _ = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus, normalize,
+                                  out[s:e], pat[:L])
+            _count_bytes(pat[:L], h4)
+        elif not _quota_ends(modes, alls, lefts, seen, L):
+            for k in range(K):  # every tie kept (seen + L <= left) or none (seen >= left): counted as it goes
+                tf[k] = modes[k] == 2 and (alls[k] or seen[k] + L <= lefts[k])
+            b, z, packed = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e],
+                                       pat[:L])
+            _add_ties(modes, packed, seen)
+            _count_bytes(pat[:L], h4)
         else:
-            packed = _ties_span(base[s:e], rs, tv) if counted else (np.uint64(0), np.uint64(0))
-            split = False
-            for k in range(K):
-                if modes[k] == 2:
-                    c = _unpack(packed, k)
-                    tf[k] = alls[k] or seen[k] + c <= lefts[k]
-                    split |= not (tf[k] or seen[k] >= lefts[k])
-            if split:
-                for k in range(K):
-                    x = tb[k, :L]
-                    bad += _tau_block(raws[k][s:e], base[s:e], x)
-                    seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
-                b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
-                bad += b
-                nz += z
-                if emit:
-                    bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
-                continue
-            for k in range(K):
-                if modes[k] == 2:
-                    seen[k] += _unpack(packed, k)
-            b, z = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L])
-        _count_bytes(pat[:L], h4)
+            b, z = _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted,
+                                  consensus, normalize, out, pat, h4, tb, scr)
         bad += b
         nz += z
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
     return bad, nz, bo
+
+
+@_jit
+def _quota_ends(modes, alls, lefts, seen, L):
+    """Whether a model's quota of ties at its threshold can run out inside the next block of L elements (it has
+    seen[k] of them so far, lefts[k] to keep): seen < left < seen + L. Only such a block counts its ties before
+    it is merged (about one block per model and tensor: a pass over the block saved elsewhere)."""
+    for k in range(len(modes)):
+        if modes[k] == 2 and not alls[k] and seen[k] < lefts[k] < seen[k] + L:
+            return True
+    return False
+
+
+@_jit
+def _add_ties(modes, packed, seen):
+    """seen[k] += model k's ties in `packed` (_ties_span's packing) for the models selecting by threshold."""
+    for k in range(len(modes)):
+        if modes[k] == 2:
+            seen[k] += _unpack(packed, k)
+
+
+@_jit
+def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted, consensus,
+                   normalize, out, pat, h4, tb, scr):
+    """One top-k block [s, e) where a quota of ties may run out: its ties counted first; where one does, the block
+    goes model by model (each tau pruned in a scratch row by its TopK, then combined), else the fused loop with
+    each model keeping all or none of its ties. Returns (non-finite flag, nonzeros)."""
+    L = e - s
+    packed = _ties_span(base[s:e], rs, tv)
+    split = False
+    for k in range(len(modes)):
+        if modes[k] == 2:
+            c = _unpack(packed, k)
+            tf[k] = alls[k] or seen[k] + c <= lefts[k]
+            split |= not (tf[k] or seen[k] >= lefts[k])
+    if split:
+        bad = 0
+        for k in range(len(modes)):
+            x = tb[k, :L]
+            bad += _tau_block(raws[k][s:e], base[s:e], x)
+            seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
+        return bad + b, z
+    _add_ties(modes, packed, seen)
+    b, z, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L])
+    _count_bytes(pat[:L], h4)
+    return b, z
 
 
 def _slices(raws, lo, hi):
@@ -1781,7 +1814,8 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
     x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
     ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
     (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
-    (bits). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor)).
+    (bits). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor), the top-k
+    ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE: zeros)).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
     DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15)."""
@@ -1798,7 +1832,9 @@ def _fused_src(K: int, dare: bool) -> str:
              "    zero = np.float32(0.0)",
              "    one = np.float32(1.0)",
              "    bad = np.uint32(0)",
-             "    nz = 0"]
+             "    nz = 0",
+             "    q0 = np.uint64(0)",
+             "    q1 = np.uint64(0)"]
     add = lines.append
     for k in range(K):
         add(f"    r{k} = rs[{k}]")
@@ -1819,7 +1855,9 @@ def _fused_src(K: int, dare: bool) -> str:
                 add(f"            v{k} = v{k} if f{k} | (m{k}[j] != 0) else zero")
             else:
                 add(f"            a{k} = abs(x{k})")
-                add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & (a{k} == t{k})) else zero")
+                add(f"            e{k} = a{k} == t{k}")
+                add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero")
+                add(f"            q{k // 4} += np.uint64(e{k}) << np.uint64({16 * (k % 4)})")
         add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
         add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
                                             for k in range(K)))
@@ -1844,7 +1882,7 @@ def _fused_src(K: int, dare: bool) -> str:
         add("                acc = acc / (one if div == zero else div)")
         add("            o[j] = acc")
         add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))")
-    add("    return bad, nz")
+    add("    return bad, nz, (q0, q1)")
     return "\n".join(lines) + "\n"
 
 
@@ -1883,9 +1921,9 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
-    need = False
+    need = False  # a quota of ties that can run out inside this chunk: each piece counts the ties before it
     for k in range(K):
-        need |= (not dare) and modes[k] == 2 and not alls[k]
+        need |= (not dare) and modes[k] == 2 and not alls[k] and 0 < lefts[k] < n
     before = np.zeros((T + 1, K), np.int64)
     if need and T > 1:
         for p in prange(T):
