@@ -557,12 +557,12 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
     else:
         assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32"), counted.calls
     loops = {"task_arithmetic": "sum_raw", "ties": "topk_merge_raw", "magnitude": "topk_merge_raw",
-             "breadcrumbs": "band_prune", "cabs": "nm_merge_raw", "bs": "nm_merge_raw", "dare": "dare_merge_raw",
+             "breadcrumbs": "topk_merge_raw", "cabs": "nm_merge_raw", "bs": "nm_merge_raw", "dare": "dare_merge_raw",
              "ca_magnitude": "ca_merge_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw", "uniform": "sum_raw"}
     if name in loops:
         assert counted.calls.get(loops[name]), counted.calls
-    if name in ("magnitude", "ties", "ca_magnitude") or (name == "breadcrumbs" and chunk is not None):  # scanned
-        # without tau (a one-pass method scans first even when the tensor is one chunk)
+    if name in ("magnitude", "ties", "ca_magnitude", "breadcrumbs"):  # scanned without tau (a one-pass method
+        # scans first even when the tensor is one chunk)
         assert counted.calls.get("hist_hi_tau") and counted.calls.get("hist_lo_tau"), counted.calls
     if name == "ca_magnitude" and chunk is not None:  # the taken slots marked from the tensors as read
         assert counted.calls.get("mark_above_tau"), counted.calls
@@ -594,8 +594,9 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
 
 
 ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs",
-            "ca_magnitude")
-WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs", "ca_magnitude")
+            "ca_magnitude", "breadcrumbs")
+WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs", "ca_magnitude",
+                     "breadcrumbs")
 
 
 @needs_numba
@@ -606,11 +607,11 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
     (their `merge_raw` switched off) and of the torch path; more than 8 models go model by model."""
     if n < E.get_method(name).min_models:
         pytest.skip("needs 2 models")
-    if n == 1 and name in ("magnitude", "ties", "dare", "dare_ties", "ca_magnitude"):
+    if n == 1 and name in ("magnitude", "ties", "dare", "dare_ties", "ca_magnitude", "breadcrumbs"):
         pytest.skip("one model: the same loop as two (each model count is compiled once, ~20 s)")
     base, models = _tied_models(n, seed=n)
     kw = {"weights": [0.7, -1.3, 1.0, 0.5, 1.0, 2.0, 1.0, -0.25, 3.0][:n]} if name in WEIGHTED_ONE_PASS else {}
-    if name in ("magnitude", "ties", "dare", "dare_ties"):
+    if name in ("magnitude", "ties", "dare", "dare_ties", "breadcrumbs"):
         kw["densities"] = [0.3, 0.5, 1.0, 0.1, 0.7, 0.005, 0.4, 0.25, 0.9][:n]
     for chunk in (None, 96):
         plan = E.make_plan(name, n, chunk_elems=chunk, **kw)
@@ -627,12 +628,13 @@ def test_one_pass_loops_equal_feeding_models_one_at_a_time(tmp_path, counted, na
             assert fast[1] == by_model[1] == slow[1]
     loop = {"task_arithmetic": "sum_raw", "uniform": "sum_raw", "negmerge": "consensus_raw", "magmax": "magmax_raw",
             "magnitude": "topk_merge_raw", "ties": "topk_merge_raw", "dare": "dare_merge_raw",
-            "dare_ties": "dare_merge_raw", "cabs": "nm_merge_raw", "bs": "nm_merge_raw", "ca_magnitude": "ca_merge_raw"}
+            "dare_ties": "dare_merge_raw", "cabs": "nm_merge_raw", "bs": "nm_merge_raw", "ca_magnitude": "ca_merge_raw",
+            "breadcrumbs": "topk_merge_raw"}
     assert bool(counted.calls.get(loop[name])) == (n <= K.MAX_ONE_PASS), counted.calls
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["magnitude", "ties", "dare", "dare_ties"])
+@pytest.mark.parametrize("name", ["magnitude", "ties", "dare", "dare_ties", "breadcrumbs"])
 def test_one_pass_top_k_over_threaded_pieces_with_ties_and_a_skipped_model(tmp_path, counted, name):
     """Tensors large enough to be cut into pieces (one per thread) with many ties at each threshold, chunked and
     whole, a zero-weight model skipped: the one-pass loop gives the bytes, kept counts and overlap of feeding the

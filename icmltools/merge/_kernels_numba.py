@@ -1539,20 +1539,25 @@ def _tau_block(rs, bs, x):
 
 
 @_jit
-def _ties_before(base, raws, lo, hi, modes, thrs, alls):
-    """Per model: the ties at its threshold in [lo, hi) (0 where the count is not needed)."""
+def _ties_before(base, raws, lo, hi, modes, thrs, alls, band):
+    """Per model: the ties at its threshold in [lo, hi) (0 where the count is not needed), and at its second
+    threshold (`band`; zeros without)."""
     K = len(raws)
     tv = np.empty(K, np.float32)
     for k in range(K):
         tv[k] = np.float32(thrs[k])
+    tv2, _ = _band_tv(band, K)
     out = np.zeros(K, np.int64)
+    out2 = np.zeros(K, np.int64)
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
-        packed = _ties_span(base[s:e], _slices(raws, s, e), tv)
+        rs = _slices(raws, s, e)
+        packed = _ties_span(base[s:e], rs, tv)
         for k in range(K):
             if modes[k] == 2 and not alls[k]:
                 out[k] += _unpack(packed, k)
-    return out
+        _band_before(band, base[s:e], rs, tv2, out2)
+    return out, out2
 
 
 @_jit
@@ -1667,7 +1672,7 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
 
 @_jit
 def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
-                 normalize, out, h4, oraw, sc, emit):
+                 normalize, out, h4, oraw, sc, emit, band, seen2):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
     (each model's DARE drop) over [lo, hi), per block of _BLOCK: every model's rule made one comparison (a top-k
     block where each model's ties at its threshold are all kept or all dropped; DARE), then :func:`_fused_span`,
@@ -1675,8 +1680,10 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
     (:func:`_quota_ends`), and where one does it goes model by model (its tau pruned in a scratch row, then
     combined: :func:`_counted_block`); with `emit` each block's output goes to the output chunk oraw while it
     is in cache (see _emit: a test per block, so this loop is compiled once whether it writes the output or not;
-    a second specialisation took 9 s to compile). Returns (non-finite flag (nonzero: some task-vector element or result is not
-    finite), nonzeros of the result, non-finite output flag)."""
+    a second specialisation took 9 s to compile). `band`: None, or Breadcrumbs' second TopK per model (modes,
+    thresholds, all ties, ties left; seen2 its ties so far): an element is kept where the first keeps it and
+    the second does not. Returns (non-finite flag (nonzero: some task-vector element or result is not finite),
+    nonzeros of the result, non-finite output flag)."""
     K = len(raws)
     tb = np.empty((K, _BLOCK), np.float32)
     scr = np.empty((3, _BLOCK), np.float32)
@@ -1696,6 +1703,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
                 tv[k] = np.float32(thrs[k])
             else:  # mode 0 keeps none (|tau| > inf), mode 1 all (|tau| > -1)
                 tv[k] = np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0)
+    tv2, tf2 = _band_tv(band, K)
     bad = 0
     nz = 0
     bo = 0
@@ -1704,19 +1712,21 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         L = e - s
         rs = _slices(raws, s, e)
         if dare:
-            b, z, _ = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus, normalize,
-                                  out[s:e], pat[:L])
+            b, z, _, _ = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus,
+                                     normalize, out[s:e], pat[:L], None, None)
             _count_bytes(pat[:L], h4)
-        elif not _quota_ends(modes, alls, lefts, seen, L):
+        elif not (_quota_ends(modes, alls, lefts, seen, L) or _band_ends(band, seen2, L)):
             for k in range(K):  # every tie kept (seen + L <= left) or none (seen >= left): counted as it goes
                 tf[k] = modes[k] == 2 and (alls[k] or seen[k] + L <= lefts[k])
-            b, z, packed = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e],
-                                       pat[:L])
+            _band_flags(band, seen2, L, tf2)
+            b, z, packed, packed2 = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize,
+                                                out[s:e], pat[:L], tv2, tf2)
             _add_ties(modes, packed, seen)
+            _band_add(band, packed2, seen2)
             _count_bytes(pat[:L], h4)
         else:
             b, z = _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted,
-                                  consensus, normalize, out, pat, h4, tb, scr)
+                                  consensus, normalize, out, pat, h4, tb, scr, band, seen2, tv2, tf2)
         bad += b
         nz += z
         if emit:
@@ -1745,7 +1755,7 @@ def _add_ties(modes, packed, seen):
 
 @_jit
 def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted, consensus,
-                   normalize, out, pat, h4, tb, scr):
+                   normalize, out, pat, h4, tb, scr, band, seen2, tv2, tf2):
     """One top-k block [s, e) where a quota of ties may run out: its ties counted first; where one does, the block
     goes model by model (each tau pruned in a scratch row by its TopK, then combined), else the fused loop with
     each model keeping all or none of its ties. Returns (non-finite flag, nonzeros)."""
@@ -1757,18 +1767,160 @@ def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf,
             c = _unpack(packed, k)
             tf[k] = alls[k] or seen[k] + c <= lefts[k]
             split |= not (tf[k] or seen[k] >= lefts[k])
-    if split:
+    split2, packed2 = _band_counted(band, base[s:e], rs, tv2, tf2, seen2)
+    if split or split2:
         bad = 0
         for k in range(len(modes)):
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
-            seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+            _prune_model(x, k, modes, thrs, alls, lefts, seen, band, seen2)
         b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
         return bad + b, z
     _add_ties(modes, packed, seen)
-    b, z, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L])
+    _band_add(band, packed2, seen2)
+    b, z, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L], tv2,
+                             tf2)
     _count_bytes(pat[:L], h4)
     return b, z
+
+
+# Breadcrumbs' second TopK per model (the top gamma, dropped) in the top-k one pass: `band` is None for the other
+# methods, and each helper below is then a no-op chosen when compiled (their loops are compiled without it).
+
+
+def _band_tv(band, K):
+    """(thresholds as float32, tie flags) of the second TopKs (mode 0: inf, none dropped; 1: -1, all), or (None,
+    None)."""
+
+
+@overload(_band_tv)
+def _band_tv_impl(band, K):
+    if isinstance(band, types.NoneType):
+        return lambda band, K: (None, None)
+
+    def impl(band, K):
+        modes, thrs = band[0], band[1]
+        tv = np.empty(K, np.float32)
+        for k in range(K):
+            tv[k] = np.float32(thrs[k]) if modes[k] == 2 else (np.float32(np.inf) if modes[k] == 0
+                                                               else np.float32(-1.0))
+        return tv, np.zeros(K, np.bool_)
+    return impl
+
+
+def _band_ends(band, seen2, L):
+    """_quota_ends for the second TopKs (False without them)."""
+
+
+@overload(_band_ends)
+def _band_ends_impl(band, seen2, L):
+    if isinstance(band, types.NoneType):
+        return lambda band, seen2, L: False
+    return lambda band, seen2, L: _quota_ends(band[0], band[2], band[3], seen2, L)
+
+
+def _band_flags(band, seen2, L, tf2):
+    """tf2 of a block where no second quota runs out: every tie dropped from the top (kept in the band) or none."""
+
+
+@overload(_band_flags)
+def _band_flags_impl(band, seen2, L, tf2):
+    if isinstance(band, types.NoneType):
+        return lambda band, seen2, L, tf2: None
+
+    def impl(band, seen2, L, tf2):
+        modes, alls, lefts = band[0], band[2], band[3]
+        for k in range(len(modes)):
+            tf2[k] = modes[k] == 2 and (alls[k] or seen2[k] + L <= lefts[k])
+    return impl
+
+
+def _band_add(band, packed2, seen2):
+    """_add_ties for the second TopKs."""
+
+
+@overload(_band_add)
+def _band_add_impl(band, packed2, seen2):
+    if isinstance(band, types.NoneType):
+        return lambda band, packed2, seen2: None
+    return lambda band, packed2, seen2: _add_ties(band[0], packed2, seen2)
+
+
+def _band_counted(band, bs, rs, tv2, tf2, seen2):
+    """(whether a second quota runs out in this block, its ties packed) after counting them and setting tf2 as
+    _counted_block does for the first; (False, zeros) without second TopKs."""
+
+
+@overload(_band_counted)
+def _band_counted_impl(band, bs, rs, tv2, tf2, seen2):
+    if isinstance(band, types.NoneType):
+        return lambda band, bs, rs, tv2, tf2, seen2: (False, (np.uint64(0), np.uint64(0)))
+
+    def impl(band, bs, rs, tv2, tf2, seen2):
+        modes, alls, lefts = band[0], band[2], band[3]
+        packed = _ties_span(bs, rs, tv2)
+        split = False
+        for k in range(len(modes)):
+            if modes[k] == 2:
+                c = _unpack(packed, k)
+                tf2[k] = alls[k] or seen2[k] + c <= lefts[k]
+                split |= not (tf2[k] or seen2[k] >= lefts[k])
+        return split, packed
+    return impl
+
+
+def _prune_model(x, k, modes, thrs, alls, lefts, seen, band, seen2):
+    """Model k's scratch row pruned by its TopK (_prune_block), or by its band (_band_span: kept by the first
+    TopK, not by the second), its ties counted into seen (and seen2)."""
+
+
+@overload(_prune_model)
+def _prune_model_impl(x, k, modes, thrs, alls, lefts, seen, band, seen2):
+    if isinstance(band, types.NoneType):
+        def top(x, k, modes, thrs, alls, lefts, seen, band, seen2):
+            seen[k] += _prune_block(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k])
+        return top
+
+    def impl(x, k, modes, thrs, alls, lefts, seen, band, seen2):
+        ck, ct = _band_span(x, modes[k], np.float32(thrs[k]), alls[k], lefts[k], seen[k], band[0][k],
+                            np.float32(band[1][k]), band[2][k], band[3][k], seen2[k])
+        seen[k] += ck
+        seen2[k] += ct
+    return impl
+
+
+def _band_need(band, n):
+    """Whether a second quota of ties can run out inside a chunk of n elements (False without them)."""
+
+
+@overload(_band_need)
+def _band_need_impl(band, n):
+    if isinstance(band, types.NoneType):
+        return lambda band, n: False
+
+    def impl(band, n):
+        need = False
+        for k in range(len(band[0])):
+            need |= band[0][k] == 2 and not band[2][k] and 0 < band[3][k] < n
+        return need
+    return impl
+
+
+def _band_before(band, bs, rs, tv2, out2):
+    """out2[k] += the ties at model k's second threshold in the span where its quota needs counting."""
+
+
+@overload(_band_before)
+def _band_before_impl(band, bs, rs, tv2, out2):
+    if isinstance(band, types.NoneType):
+        return lambda band, bs, rs, tv2, out2: None
+
+    def impl(band, bs, rs, tv2, out2):
+        packed = _ties_span(bs, rs, tv2)
+        for k in range(len(band[0])):
+            if band[0][k] == 2 and not band[2][k]:
+                out2[k] += _unpack(packed, k)
+    return impl
 
 
 def _slices(raws, lo, hi):
@@ -1807,15 +1959,17 @@ def _defined(src: str):
     return fn
 
 
-def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
+def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):
     """One span of every model combined element by element, the models written out (generated for their count
     and for DARE (ms: the mask rows) or top-k (ms None) when compiled: a loop over a tuple of models indexed at
     run time stayed scalar, 2.9-18 ns per model and element for DARE, measured). Model k's value
     x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
     ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
     (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
-    (bits). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor), the top-k
-    ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE: zeros)).
+    (bits). With Breadcrumbs' second thresholds (tv2, tf2; None otherwise) x_k is kept only where it is not in
+    the top as well (|x_k| > tv2[k], or == with tf2[k]). Returns (non-finite flag (see _nf), nonzeros of the
+    result (consensus: of the divisor), the top-k ties: the elements with |x_k| == tv[k] per model, packed as
+    _ties_span's (DARE: zeros), and those with |x_k| == tv2[k] (zeros without tv2)).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
     DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15), measured before the loop counted
@@ -1823,19 +1977,21 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
 
 
 @overload(_fused_span)
-def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
-    return _defined(_fused_src(len(rs), not isinstance(ms, types.NoneType)))
+def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):
+    return _defined(_fused_src(len(rs), not isinstance(ms, types.NoneType), not isinstance(tv2, types.NoneType)))
 
 
-def _fused_src(K: int, dare: bool) -> str:
+def _fused_src(K: int, dare: bool, band: bool = False) -> str:
     """The source of _fused_span for K models (x{k}: tau, v{k}: kept value, model k's scalars hoisted)."""
-    lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):",
+    lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):",
              "    zero = np.float32(0.0)",
              "    one = np.float32(1.0)",
              "    bad = np.uint32(0)",
              "    nz = 0",
              "    q0 = np.uint64(0)",
-             "    q1 = np.uint64(0)"]
+             "    q1 = np.uint64(0)",
+             "    q2 = np.uint64(0)",
+             "    q3 = np.uint64(0)"]
     add = lines.append
     for k in range(K):
         add(f"    r{k} = rs[{k}]")
@@ -1845,6 +2001,9 @@ def _fused_src(K: int, dare: bool) -> str:
         add(f"    w{k} = ws[{k}]")
         if dare:
             add(f"    m{k} = ms[{k}]")
+        if band:
+            add(f"    u{k} = tv2[{k}]")
+            add(f"    g{k} = tf2[{k}]")
     for consensus in (False, True):
         add(f"    if {'' if consensus else 'not '}consensus:")
         add("        for j in range(bs.shape[0]):")
@@ -1857,8 +2016,14 @@ def _fused_src(K: int, dare: bool) -> str:
             else:
                 add(f"            a{k} = abs(x{k})")
                 add(f"            e{k} = a{k} == t{k}")
-                add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero")
                 add(f"            q{k // 4} += np.uint64(e{k}) << np.uint64({16 * (k % 4)})")
+                if band:  # kept by the first, not in the top (bools compared: and-not, branch-free)
+                    add(f"            h{k} = a{k} == u{k}")
+                    add(f"            q{2 + k // 4} += np.uint64(h{k}) << np.uint64({16 * (k % 4)})")
+                    add(f"            v{k} = x{k} if ((a{k} > t{k}) | (f{k} & e{k})) > ((a{k} > u{k}) | (g{k} & h{k}))"
+                        " else zero")
+                else:
+                    add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero")
         add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
         add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
                                             for k in range(K)))
@@ -1883,7 +2048,7 @@ def _fused_src(K: int, dare: bool) -> str:
         add("                acc = acc / (one if div == zero else div)")
         add("            o[j] = acc")
         add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))")
-    add("    return bad, nz, (q0, q1)")
+    add("    return bad, nz, (q0, q1), (q2, q3)")
     return "\n".join(lines) + "\n"
 
 
@@ -1913,53 +2078,62 @@ def _weighted(ws, K):
 
 @_pjit
 def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc,
-                  emit):
+                  emit, band):
     """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
     compiled once for both: the pieces (one per thread) run _merge_piece; for a top-k merge whose quota splits
     the ties at a threshold, each piece first learns the ties before it. Returns (non-finite flag, nonzeros of
     the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept),
-    non-finite output flag (`emit`: the output chunk written to oraw as it goes, see _emit))."""
+    non-finite output flag (`emit`: the output chunk written to oraw as it goes, see _emit), ties at each
+    model's second threshold (`band`, Breadcrumbs: see _merge_piece; zeros without)))."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
-    need = False  # a quota of ties that can run out inside this chunk: each piece counts the ties before it
-    for k in range(K):
+    need = _band_need(band, n)  # a quota of ties that can run out inside this chunk: each piece counts the ties
+    for k in range(K):          # before it
         need |= (not dare) and modes[k] == 2 and not alls[k] and 0 < lefts[k] < n
     before = np.zeros((T + 1, K), np.int64)
+    before2 = np.zeros((T + 1, K), np.int64)
     if need and T > 1:
         for p in prange(T):
             lo, hi = _piece(n, p, T, 4096)
-            before[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls)
+            before[p + 1], before2[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls, band)
         for p in range(T):
             before[p + 1] += before[p]
+            before2[p + 1] += before2[p]
     weighted = _weighted(ws, K)
     bads, nzs, bos, h4 = _piece_rows(T)
     seen = np.zeros((T, K), np.int64)
+    seen2 = np.zeros((T, K), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         seen[p] = before[p]
+        seen2[p] = before2[p]
         b, z, bo = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
-                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc, emit)
+                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc, emit, band, seen2[p])
         bads[p] = b
         nzs[p] = z
         bos[p] = bo
     ties = np.zeros(K, np.int64)
+    ties2 = np.zeros(K, np.int64)
     for p in range(T):
         for k in range(K):
             ties[k] += seen[p, k] - before[p, k]
-    return bads.sum(), nzs.sum(), ties, _pairs_of(h4, K), bos.sum()
+            ties2[k] += seen2[p, k] - before2[p, k]
+    return bads.sum(), nzs.sum(), ties, _pairs_of(h4, K), bos.sum(), ties2
 
 
-def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit):
+def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit, band=None):
     """magnitude (consensus False: out = sum_k w_k * prune_k(tau_k)) or TIES (consensus: the sign of that sum
     elected, out = the disjoint (weighted) mean of the agreeing pruned tau_k, normalized when `normalize`) over
     every model's chunk at once, tau_k = float32(raws[k]) - base never stored; prune_k is model k's TopK
     selection (modes/thrs/alls/lefts as topk_prune's, ties by lower index). Bitwise as topk_prune, accumulate,
-    agree and ties_finish model after model: the same float32 operations in the same order. Returns
-    _merge_models's (non-finite flag, nonzeros, ties per model, kept pairs, non-finite output flag)."""
+    agree and ties_finish model after model: the same float32 operations in the same order. `band` (Breadcrumbs):
+    each model's second TopK as arrays (modes, thresholds, all ties, ties left), an element kept only where the
+    first keeps it and the second does not, bitwise as band_prune. Returns _merge_models's (non-finite flag,
+    nonzeros, ties per model, kept pairs, non-finite output flag, ties at the second thresholds)."""
     k = len(raws)
     return _merge_models(base, raws, False, modes, thrs, alls, lefts, np.zeros((1, 1), np.uint8), np.zeros(k), ws,
-                         consensus, normalize, out, oraw, sc, emit)
+                         consensus, normalize, out, oraw, sc, emit, band)
 
 
 # --------------------------------------------------------------------------------------------- DARE in one pass
@@ -1982,7 +2156,7 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, s
     k = len(raws)
     z = np.zeros(k, np.int64)
     return _merge_models(base, raws, True, z, np.zeros(k), np.zeros(k, np.bool_), z, masks, ds, ws, consensus,
-                         normalize, out, oraw, sc, emit)
+                         normalize, out, oraw, sc, emit, None)[:5]
 
 
 # --------------------------------------------------------------------------------------------- n:m methods in one pass

@@ -560,28 +560,35 @@ def magmax_raw(base, raws, best, emit=None):
     return int(bad), int(nz), _emitted(bo, e)
 
 
-def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out, emit=None):
+def _selections(sels):
+    """TopK selections [(mode, threshold, all ties, ties left)] as the loops' four arrays."""
+    import numpy as np
+
+    return (np.array([s[0] for s in sels], np.int64), np.array([s[1] for s in sels], np.float64),
+            np.array([bool(s[2]) for s in sels], np.bool_), np.array([s[3] for s in sels], np.int64))
+
+
+def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out, emit=None, tops=None):
     """Magnitude-pruned task arithmetic (consensus False) or TIES (True) in one pass over every model's chunk,
     each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
-    :func:`topk_prune`; bitwise as pruning, accumulating and agreeing model after model. (non-finite flag,
-    nonzeros of the result (TIES: of the divisor), ties at each model's threshold, kept pairs: numpy counts[a][b],
-    a <= b, of the elements both models a and b kept, non-finite output flag or None (`emit`, as sum_raw: the
-    output chunk written block by block, `out` then only scratch)) or None when not run."""
+    :func:`topk_prune`; with `tops` (Breadcrumbs), each model's second selection, an element kept only where the
+    first keeps it and the second does not (:func:`band_prune`); bitwise as pruning, accumulating and agreeing
+    model after model. (non-finite flag, nonzeros of the result (TIES: of the divisor), ties at each model's
+    threshold, kept pairs: numpy counts[a][b], a <= b, of the elements both models a and b kept, non-finite
+    output flag or None (`emit`, as sum_raw: the output chunk written block by block, `out` then only
+    scratch), ties at each model's second threshold (zeros without `tops`)) or None when not run."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
     if got is None:
         return None
-    modes = np.array([s[0] for s in sels], np.int64)
-    thrs = np.array([s[1] for s in sels], np.float64)
-    alls = np.array([bool(s[2]) for s in sels], np.bool_)
-    lefts = np.array([s[3] for s in sels], np.int64)
+    band = None if tops is None else _selections(tops)
     e = _emit_args(base, emit)
-    bad, nz, ties, pairs, bo = _mod().topk_merge_raw(got[0], got[1], modes, thrs, alls, lefts,
-                                                     np.asarray(weights, np.float64), bool(consensus),
-                                                     bool(normalize), _np(out).reshape(-1),
-                                                     *_emit_flagged(got[0], e))
-    return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e)
+    bad, nz, ties, pairs, bo, ties2 = _mod().topk_merge_raw(got[0], got[1], *_selections(sels),
+                                                            np.asarray(weights, np.float64), bool(consensus),
+                                                            bool(normalize), _np(out).reshape(-1),
+                                                            *_emit_flagged(got[0], e), band)
+    return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e), [int(t) for t in ties2]
 
 
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks, emit=None):

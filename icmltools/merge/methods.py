@@ -268,7 +268,6 @@ class Breadcrumbs(_Magnitude):
     fewer of the top are dropped), then the weighted sum."""
 
     name = "breadcrumbs"
-    one_pass = False  # two selections per model: fed model by model
     reference = "Davari & Belilovsky, Model Breadcrumbs, ECCV 2024"
     options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA}
 
@@ -304,6 +303,20 @@ class Breadcrumbs(_Magnitude):
             return tau
         m = keep.mask(tau, p).logical_and_(top.mask(tau, p).logical_not_())
         return tau.masked_fill_(m.logical_not_(), 0)
+
+    def merge_raw(self, st, raws, base, wanted):
+        """Every model's chunk pruned to its band (kept by the first TopK, not by the top's) and summed in one
+        compiled loop, as :meth:`_Magnitude.merge_raw`; both TopKs advance by the ties they met."""
+        got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
+                               [st.plan.weights[i] for i in wanted], False, False, st.total, emit=st.emit,
+                               tops=[st.topk[i][1].selection(0) for i in wanted])
+        if got is None or got[0]:
+            return None if got is None else (got[0], st.total, 0, None)
+        for i, ties, ties2 in zip(wanted, got[2], got[5]):
+            st.topk[i][0].advance(0, ties)
+            st.topk[i][1].advance(0, ties2)
+        st.count_pairs(wanted, got[3])
+        return 0, st.total, got[1], got[4]
 
 
 # --------------------------------------------------------------------------------------------- NegMerge's methods
