@@ -1543,9 +1543,7 @@ def _ties_before(base, raws, lo, hi, modes, thrs, alls, band):
     """Per model: the ties at its threshold in [lo, hi) (0 where the count is not needed), and at its second
     threshold (`band`; zeros without)."""
     K = len(raws)
-    tv = np.empty(K, np.float32)
-    for k in range(K):
-        tv[k] = np.float32(thrs[k])
+    tv = _tv_of(modes, thrs)
     tv2, _ = _band_tv(band, K)
     out = np.zeros(K, np.int64)
     out2 = np.zeros(K, np.int64)
@@ -1688,7 +1686,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
     tb = np.empty((K, _BLOCK), np.float32)
     scr = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
-    tv = np.empty(K, np.float32)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
+    tv = _tv_of(modes, thrs)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
     tf = np.zeros(K, np.bool_)
     dv = np.ones(K, np.float32)  # DARE's divisor (1: p = 0, x / 1 == x)
     wv = np.ones(K, np.float32)
@@ -1698,11 +1696,6 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         if dare:
             tf[k] = ds[k] <= 0
             dv[k] = np.float32(ds[k]) if ds[k] > 0 else np.float32(1.0)
-        else:
-            if modes[k] == 2:
-                tv[k] = np.float32(thrs[k])
-            else:  # mode 0 keeps none (|tau| > inf), mode 1 all (|tau| > -1)
-                tv[k] = np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0)
     tv2, tf2 = _band_tv(band, K)
     bad = 0
     nz = 0
@@ -1788,9 +1781,17 @@ def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf,
 # methods, and each helper below is then a no-op chosen when compiled (their loops are compiled without it).
 
 
+@_jit
+def _tv_of(modes, thrs):
+    """The TopKs' thresholds as float32: mode 2 its threshold, mode 0 (none kept) inf, mode 1 (all kept) -1."""
+    tv = np.empty(len(modes), np.float32)
+    for k in range(len(modes)):
+        tv[k] = np.float32(thrs[k]) if modes[k] == 2 else (np.float32(np.inf) if modes[k] == 0 else np.float32(-1.0))
+    return tv
+
+
 def _band_tv(band, K):
-    """(thresholds as float32, tie flags) of the second TopKs (mode 0: inf, none dropped; 1: -1, all), or (None,
-    None)."""
+    """(thresholds, tie flags) of the second TopKs as _tv_of's, or (None, None)."""
 
 
 @overload(_band_tv)
@@ -1798,14 +1799,7 @@ def _band_tv_impl(band, K):
     if isinstance(band, types.NoneType):
         return lambda band, K: (None, None)
 
-    def impl(band, K):
-        modes, thrs = band[0], band[1]
-        tv = np.empty(K, np.float32)
-        for k in range(K):
-            tv[k] = np.float32(thrs[k]) if modes[k] == 2 else (np.float32(np.inf) if modes[k] == 0
-                                                               else np.float32(-1.0))
-        return tv, np.zeros(K, np.bool_)
-    return impl
+    return lambda band, K: (_tv_of(band[0], band[1]), np.zeros(K, np.bool_))
 
 
 def _band_ends(band, seen2, L):
