@@ -839,23 +839,24 @@ def test_without_numba_the_torch_path_runs(tmp_path, monkeypatch):
 
 @needs_numba
 @pytest.mark.parametrize("k", [1, 4, 5, 7])
-@pytest.mark.parametrize("dare", [False, True])
-def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare):
+@pytest.mark.parametrize("dare,band", [(False, False), (True, False), (False, True)])
+def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare, band):
     """The one-pass loops' generated per-model-count span (_fused_span) gives, bitwise, the block-by-block path:
     each model's task vector pruned in its own row by the same rule (top-k: |x| > t, or >= t where ties are kept,
-    a model keeping none or all; DARE: x / d where the mask keeps, a model with p = 0 as is), then _combine_block;
-    model counts the file-level tests do not reach, both combinations, weighted and not, with ties at every
-    threshold and a non-finite task vector counted."""
+    a model keeping none or all; with a band (Breadcrumbs), not also in the top: |x| > t2, or >= t2 where its
+    ties are in the top; DARE: x / d where the mask keeps, a model with p = 0 as is), then _combine_block; model
+    counts the file-level tests do not reach, both combinations, weighted and not, with ties at every threshold
+    (counted per model and threshold, packed 16 bits a model) and a non-finite task vector counted."""
     import numba
     import numpy as np
 
     from icmltools.merge import _kernels_numba as km
 
     @numba.njit
-    def fused(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt):
-        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt)
+    def fused(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):
+        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2)
 
-    rng = np.random.default_rng(k + 10 * dare)
+    rng = np.random.default_rng(k + 10 * dare + 100 * band)
     n = 3000
     base = (rng.integers(-40, 40, n) * 2.0 ** -8).astype(np.float32)
     raws = tuple((base + rng.integers(-6, 7, n) * 2.0 ** -9).astype(np.float32) for _ in range(k))
@@ -866,6 +867,10 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
     if not dare and k > 1:
         tv[0], tf[0] = np.inf, False  # keeps none
         tv[1] = -1.0  # keeps all
+    tv2 = np.array([np.quantile(a, 0.9) for a in absx], np.float32) if band else None
+    tf2 = (rng.random(k) < 0.5) if band else None
+    if band and k > 1:
+        tv2[0] = -1.0  # the whole tensor in the top: keeps none
     masks = (rng.random((k, n)) < 0.4).astype(np.uint8)
     dv = np.where(tf, 1.0, rng.choice([0.3, 0.5, 0.9], k)).astype(np.float32) if dare else np.ones(k, np.float32)
     rows = np.empty((k, n), np.float32)
@@ -875,22 +880,31 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
             rows[i] = np.where(tf[i] | (masks[i] != 0), x / dv[i], np.float32(0))
         else:
             a = np.abs(x)
-            rows[i] = np.where((a > tv[i]) | (tf[i] & (a == tv[i])), x, np.float32(0))
+            keep = (a > tv[i]) | (tf[i] & (a == tv[i]))
+            if band:
+                keep &= ~((a > tv2[i]) | (tf2[i] & (a == tv2[i])))
+            rows[i] = np.where(keep, x, np.float32(0))
     for weights in (np.ones(k, np.float32), rng.choice([0.5, -1.25, 2.0], k).astype(np.float32)):
         weighted = bool((weights != 1).any())
         for consensus in (False, True):
             o, pt = np.empty(n, np.float32), np.empty(n, np.uint8)
-            got = fused(base, raws, tuple(masks) if dare else None, tv, tf, dv, weights, consensus, True, o, pt)
+            got = fused(base, raws, tuple(masks) if dare else None, tv, tf, dv, weights, consensus, True, o, pt, tv2,
+                        tf2)
             ref, rpt = np.empty(n, np.float32), np.empty(n, np.uint8)
             h4 = np.zeros((4, 256), np.int64)
             want = km._combine_block(rows, n, weights.astype(np.float64), weighted, consensus, True, ref, rpt, h4,
                                      np.empty((3, n), np.float32))
             assert got[1] == want[1] and got[0] != 0  # the inf of the last model flagged (its count: model by model)
             assert np.array_equal(o.view(np.uint32), ref.view(np.uint32)) and np.array_equal(pt, rpt)
+            for packed, t in ((got[2], None if dare else tv), (got[3], tv2)):  # the ties, 16 bits a model
+                counts = [(int(packed[i // 4]) >> (16 * (i % 4))) & 0xFFFF for i in range(k)]
+                assert counts == ([0] * k if t is None else [int((absx[i] == t[i]).sum()) for i in range(k)])
     fin = tuple(np.where(np.isfinite(r), r, base) for r in raws)
     big = tuple(np.where(np.arange(n) == 3, np.float32(3e38), r) for r in fin)  # finite, but twice it is not
     masks[:, 3] = 1
     for consensus in (False, True):  # the flag: 0 when every task-vector element and result is finite
         o, pt = np.empty(n, np.float32), np.empty(n, np.uint8)
-        args = (tuple(masks) if dare else None, tv, tf, dv, np.full(k, 2.0, np.float32), consensus, True, o, pt)
+        top = None if tv2 is None else np.full(k, np.inf, np.float32)  # nothing in the top: the large values stay
+        args = (tuple(masks) if dare else None, tv, tf, dv, np.full(k, 2.0, np.float32), consensus, True, o, pt, top,
+                tf2)
         assert fused(base, fin, *args)[0] == 0 and fused(base, big, *args)[0] != 0
