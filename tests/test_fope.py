@@ -503,7 +503,10 @@ def test_step_time_ratio_is_cpu_time_not_wall_time(monkeypatch):
     r = run_compare("rope,fope", cfg, default_corpus(), "cpu", seed=0)
     rope, fope = (m["train"] for m in r["methods"])
     assert rope["step_time_ms"] > 45 and fope["step_time_ms"] < 40          # the wall clock saw the sleep
-    assert 0.4 < r["fope_vs_rope_step_time"] < 2.5, r["fope_vs_rope_step_time"]
+    assert rope["step_ms"] < 25, rope                                        # the CPU clock did not
+    # The ratio is not 1: a thread waking from a sleep runs its step on cold caches (RoPE's CPU step read 1.8-2.3x
+    # FoPE's at idle, ratio 0.44-0.55; 0.38 once under a clean CI's load). The wall-clock ratio here is ~0.035.
+    assert 0.2 < r["fope_vs_rope_step_time"] < 2.5, r["fope_vs_rope_step_time"]
     assert r["step_time_clock"] == "thread_cpu" and rope["step_clock"] == "thread_cpu"
     assert r["fope_vs_rope_step_time"] == fope["step_ms"] / rope["step_ms"]
 
