@@ -58,7 +58,7 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session):
     out = os.environ.get(_OUT)
-    if out:
+    if out and _current["test"] is not None:  # not xdist's controller: it runs no test
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         Path(out, f"{worker}.json").write_text(json.dumps(_records))
 
@@ -100,9 +100,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         out, cache = Path(tmp, "events"), Path(tmp, "numba_cache")  # a cold cache: what a clean clone compiles
         out.mkdir()
-        env = dict(os.environ, **{_OUT: str(out), "NUMBA_CACHE_DIR": str(cache),
-                                  "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
-                                                                 os.environ.get("PYTHONPATH", "")])})
+        path = [str(Path(__file__).parent), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        env = dict(os.environ, **{_OUT: str(out), "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(path)})
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "numba_compile_profile", "-p", "no:cacheprovider", *a.tests]
         if a.workers > 1:
             cmd += ["-n", str(a.workers), "--dist", "worksteal"]
