@@ -1731,18 +1731,10 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
 def _quota_ends(modes, alls, lefts, seen, L):
     """Whether a model's quota of ties at its threshold can run out inside the next block of L elements (it has
     seen[k] of them so far, lefts[k] to keep): seen < left < seen + L. Only such a block counts its ties before
-    it is merged (about one block per model and tensor: a pass over the block saved elsewhere)."""
+    it is merged (about one block per model and tensor: a pass over the block saved elsewhere). With seen = 0
+    and L = a chunk's length: whether the chunk's pieces must count the ties before them (_merge_models)."""
     for k in range(len(modes)):
         if modes[k] == 2 and not alls[k] and seen[k] < lefts[k] < seen[k] + L:
-            return True
-    return False
-
-
-@_jit
-def _quota_can_end(modes, alls, lefts, n):
-    """Whether a model's quota of ties (lefts[k] left to keep) can run out inside a chunk of n elements."""
-    for k in range(len(modes)):
-        if modes[k] == 2 and not alls[k] and 0 < lefts[k] < n:
             return True
     return False
 
@@ -1890,18 +1882,6 @@ def _prune_model_impl(x, k, modes, thrs, alls, lefts, seen, band, seen2):
         seen[k] += ck
         seen2[k] += ct
     return impl
-
-
-def _band_need(band, n):
-    """Whether a second quota of ties can run out inside a chunk of n elements (False without them)."""
-
-
-@overload(_band_need)
-def _band_need_impl(band, n):
-    if isinstance(band, types.NoneType):
-        return lambda band, n: False
-
-    return lambda band, n: _quota_can_end(band[0], band[2], band[3], n)
 
 
 def _band_before(band, bs, rs, tv2, out2):
@@ -2088,9 +2068,9 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     n = base.shape[0]
     T = _n_pieces(n, 4096)
     # a quota of ties that can run out inside this chunk: each piece counts the ties before it
-    need = (not dare) and (_quota_can_end(modes, alls, lefts, n) or _band_need(band, n))
     before = np.zeros((T + 1, K), np.int64)
     before2 = np.zeros((T + 1, K), np.int64)
+    need = (not dare) and (_quota_ends(modes, alls, lefts, before[0], n) or _band_ends(band, before2[0], n))
     if need and T > 1:
         for p in prange(T):
             lo, hi = _piece(n, p, T, 4096)
