@@ -791,6 +791,31 @@ def test_radix_select_tau_with_bucket_windows_equals_the_low_pass(counted, monke
 
 
 @needs_numba
+def test_windowed_high_pass_adds_into_its_histograms():
+    """hist_tau_windows adds its counts to the histograms it is given (as hist_hi_tau and hist_lo_tau do): twice
+    into the same arrays is twice once, a window's bucket included, and once equals the two passes."""
+    km = K._mod()
+    g = torch.Generator().manual_seed(11)
+    n = 300_001
+    base = (torch.randn(n, generator=g) * 0.05).to(torch.bfloat16)
+    raw = (base.float() + torch.randint(-7, 8, (n,), generator=g) * 2.0 ** -10).to(torch.bfloat16)
+    r, b = K._np(raw).reshape(-1), K._np(base).reshape(-1)
+    hi = np.zeros(1 << 15, np.int64)
+    km.hist_hi_tau(r, b, hi, None)
+    s0, s1 = (int(x) for x in np.argsort(hi)[-2:])  # two busy buckets, one window each
+    one, rows = np.zeros(1 << 15, np.int64), np.zeros((2, 1 << 16), np.int64)
+    km.hist_tau_windows(r, b, one, None, s0, 1, s1, 1, rows, 2)
+    assert (one == hi).all()
+    for d, bucket in enumerate((s0, s1)):
+        lo = np.zeros(1 << 16, np.int64)
+        km.hist_lo_tau(r, b, bucket, lo, None)
+        assert (rows[d] == lo).all() and rows[d].sum() == hi[bucket] > 0
+    twice, rows2 = one.copy(), rows.copy()
+    km.hist_tau_windows(r, b, twice, None, s0, 1, s1, 1, rows2, 2)
+    assert (twice == 2 * one).all() and (rows2 == 2 * rows).all()
+
+
+@needs_numba
 @pytest.mark.parametrize("seed", [0, 1, 2 ** 32 + 5, 2 ** 63 - 1])
 def test_compiled_dare_stream_draws_torch_rand_numbers(seed):
     """DARE's compiled MT19937 stream: torch.rand's float32 numbers for the same seed, across chunk sizes that

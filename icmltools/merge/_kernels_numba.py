@@ -1173,8 +1173,9 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
     _add_parts(counts, part[:, :NB])
     for d in range(W):
         row = lo_counts[d]
+        had = row.sum()
         _add_parts(row, part[:, NB + d * 65536:NB + (d + 1) * 65536])
-        counts[s0 + d if d < w0 else s1 + d - w0] += row.sum()
+        counts[s0 + d if d < w0 else s1 + d - w0] += row.sum() - had
     return bads.sum()
 
 
