@@ -18,9 +18,6 @@ import json
 import sys
 import time
 from functools import partial
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _tensors(args):
@@ -106,9 +103,7 @@ def main(argv=None) -> int:
                          "ns_per_element": {k: round(v / n * 1e9, 3) for k, v in t.items()},
                          "windows_x_high_pass": round(t["windows"] / t["high_pass_alone"], 3),
                          "windows_x_two_passes": round(t["windows"] / t["two_passes"], 3)})
-    import numba
-
-    print(json.dumps({"threads": numba.get_num_threads(), "repeat": args.repeat, "rows": rows}, indent=1))
+    print(json.dumps({"threads": km.numba.get_num_threads(), "repeat": args.repeat, "rows": rows}, indent=1))
     return 0
 
 

@@ -1259,7 +1259,9 @@ def _hist_windows_span(rs, bs, tk, h, NB, s0, w0, s1, w1):
     (see hist_tau_windows): there h[NB + row * 2^16 + low 16 bits] += 1. The index of each element is worked out
     branch-free over the block (a vectorised loop), then one scatter per element. A branch on the window inside
     the counting loop cost more than the scatter (benchmarks/topk_scan.py, the merge benchmark's bf16 tensors:
-    the selection 1.11-1.63x the plain high pass this way, 1.44-1.77x with the branch). Its non-finite tau count."""
+    the selection 1.11-1.63x the plain high pass this way, 1.44-1.77x with the branch). Kept apart from
+    _hist_hi_span: with no window this loop took 0.43 / 0.37-0.38 ns per element against 0.37 / 0.31 for the plain
+    one (embedding / MLP tensor of that benchmark, 2 threads). Its non-finite tau count."""
     ub = np.empty(_BLOCK, np.uint32)
     bad = 0
     n = rs.shape[0]
