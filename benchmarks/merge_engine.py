@@ -169,6 +169,8 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_ele
     extra = {}
     if mode not in ("read", "read_write") and sum(K.WINDOWS.values()):  # a scanning method: its threshold selections
         extra["selections"] = dict(K.WINDOWS)  # with every low histogram counted in the high pass (hit), or not
+    if mode not in ("read", "read_write") and K.DEFERRED["tried"]:  # thresholds found in the merge's own pass
+        extra["deferred"] = dict(K.DEFERRED)
     if mode != "read":  # the benchmark's own clean-up, not timed (deleting a 1 GB file took 0.07-0.2 s here)
         shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
         Path(str(out) + ".json").unlink(missing_ok=True)

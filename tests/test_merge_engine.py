@@ -3,6 +3,7 @@ methods equal straightforward loops typed from the papers' definitions, non-fini
 half-written, buffers independent of the number of models."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -788,6 +789,136 @@ def test_radix_select_tau_with_bucket_windows_equals_the_low_pass(counted, monke
     bad = raw.clone()
     bad[n - 3] = float("inf")
     assert K.radix_select_tau(bad, base, [n // 5])[1] == 1
+
+
+def _deferred_inputs(k_models, dtype, seed=7):
+    """A base and k_models fine-tuned copies of DEFER_MIN + 4099 elements; the first one's task vector on a grid
+    of 2^-12 steps (|tau| ties by the thousand at any threshold), the others Gaussian of growing scale."""
+    g = torch.Generator().manual_seed(seed)
+    n = K.DEFER_MIN + 4099
+    base = (torch.randn(n, generator=g) * 0.02).to(dtype)
+    raws = [(base.float() + torch.randn(n, generator=g) * 0.002 * (k + 1)).to(dtype) for k in range(k_models)]
+    raws[0] = (base.float() + (torch.randn(n, generator=g) * 8).round() / 4096).to(dtype)
+    return n, base, raws
+
+
+def _scanned(raws, base, ks, keep_ties):
+    """Each model's TopK selection as the scan finds it (the windows off: two passes)."""
+    n = base.numel()
+    return [E.TopK(None, k, keep_ties, K.radix_select_tau(r, base, [k])[0][0], n).selection(0)
+            for r, k in zip(raws, ks)]
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype,k_models", [(torch.bfloat16, 3), (torch.float32, 2)])
+def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models):
+    """topk_merge_deferred (no scan: the thresholds found in the merge's pass, the stored window elements merged
+    again) gives the scan-then-merge loop's result bitwise: the merged chunk or the output written as it goes,
+    nonzeros, ties met, kept pairs, the non-finite output flag; with a quota that splits the ties at a threshold,
+    every tie kept (trim=keep_ties), magnitude and TIES, equal and unequal densities and weights."""
+    n, base, raws = _deferred_inputs(k_models, dtype)
+    split = 0
+    for consensus in (False, True):
+        for keep in (False, True):
+            for dens in ([0.2] * k_models, [0.1, 0.5, 0.3][:k_models]):
+                ks = [max(1, math.ceil(d * n)) if keep else int(d * n) for d in dens]
+                ws = [1.0] * k_models if not consensus else [0.7, -1.3, 0.5][:k_models]
+                sels = _scanned(raws, base, ks, keep)
+                split += sum(not s[2] for s in sels)  # a quota that keeps some of the ties only
+                for emit in (None, (0.6, -1)):
+                    o1, o2 = torch.empty(n), torch.empty(n)
+                    e1 = e2 = None
+                    if emit:
+                        e1, e2 = ((torch.empty(n, dtype=dtype), *emit) for _ in range(2))
+                    want = K.topk_merge_raw(base, raws, sels, ws, consensus, True, o1, emit=e1)
+                    before = dict(K.DEFERRED)
+                    got = K.topk_merge_deferred(base, raws, ks, keep, ws, consensus, True, o2, emit=e2)
+                    case = (consensus, keep, dens, emit)
+                    assert got is not None and K.DEFERRED["found"] == before["found"] + 1, case
+                    if emit:
+                        assert torch.equal(e1[0].view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                                           e2[0].view(torch.int16 if dtype == torch.bfloat16 else torch.int32)), case
+                        assert got[4] == want[4] == 0, case
+                    else:
+                        assert torch.equal(o1.view(torch.int32), o2.view(torch.int32)), case
+                        assert got[4] is None and want[4] is None
+                    assert (got[1], got[2]) == (want[1], want[2]) and np.array_equal(got[3], want[3]), case
+                    assert got[5] == [tuple(K.radix_select_tau(r, base, [k])[0][0]) for r, k in zip(raws, ks)]
+    assert split >= 4  # the ties model's quota split its ties in the cases without keep_ties
+
+
+@needs_numba
+def test_window_bits_mark_the_models_inside_their_windows():
+    """_window_bits, exact: bit k where model k's |tau| has float32 bits in [los[k], los[k] + wds[k]) (both signs,
+    the window's last value in, its end out), and the count of positions marked."""
+    km = K._mod()
+    lo, hi = np.uint32(0x3C000000), np.uint32(0x3C030000)  # buckets 0x3C00 .. 0x3C02
+    edge = np.array([lo - 1, lo, hi - 1, hi, 0x3C010000], np.uint32).view(np.float32)
+    base = np.zeros(5, np.float32)
+    a = np.concatenate([edge[:4], [0.0]]).astype(np.float32)
+    b = -np.concatenate([[0.0], edge[1:]]).astype(np.float32)
+    pp = np.zeros(5, np.uint8)
+    c = km._window_bits(base, (a, b), np.array([lo, lo], np.uint32), np.array([hi - lo, hi - lo], np.uint32), pp)
+    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3
+
+
+@needs_numba
+def test_deferred_thresholds_decline_what_they_cannot_place():
+    """topk_merge_deferred runs only where it can: None (the scan's path then decides) for a tensor below
+    DEFER_MIN, a k of 0 or n, windows holding a large share of the tensor (a task vector mostly 0), a window that
+    misses the k-th (its pass run, then declined), a non-finite task vector."""
+    n, base, raws = _deferred_inputs(2, torch.bfloat16)
+    out = torch.empty(n)
+    ks = [n // 5, n // 3]
+    small = K.DEFER_MIN - 1
+    assert K.topk_merge_deferred(base[:small], [r[:small] for r in raws], ks, False, [1, 1], False, True,
+                                 out[:small]) is None
+    assert K.topk_merge_deferred(base, raws, [0, n // 3], False, [1, 1], False, True, out) is None
+    assert K.topk_merge_deferred(base, raws, [n, n // 3], False, [1, 1], False, True, out) is None
+    mostly_zero = base.clone()
+    mostly_zero[: n // 50] += 0.01
+    before = dict(K.DEFERRED)
+    assert K.topk_merge_deferred(base, [mostly_zero, raws[1]], ks, False, [1, 1], False, True, out) is None
+    assert K.DEFERRED == before  # declined before its pass
+    bad = raws[1].clone()
+    bad[n - 5] = float("nan")
+    assert K.topk_merge_deferred(base, [raws[0], bad], ks, False, [1, 1], False, True, out) is None
+    real = K.bucket_windows
+    try:  # a window above the k-th: too many elements above it
+        K.bucket_windows = lambda counts, ks_, n_: [(w[0] + 40, w[1]) for w in real(counts, ks_, n_)]
+        before = dict(K.DEFERRED)
+        assert K.topk_merge_deferred(base, raws, ks, False, [1, 1], False, True, out) is None
+        assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
+    finally:
+        K.bucket_windows = real
+
+
+@needs_numba
+@pytest.mark.parametrize("name", ["magnitude", "ties"])
+def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, name):
+    """The engine merges a tensor of at least DEFER_MIN elements in one chunk with the thresholds found in the
+    pass (no scan), a small one by scan then merge, and a tensor whose deferral is declined by scan then merge
+    again: the written file and every figure of the summary equal the scan's path (deferral off)."""
+    n, b, raws = _deferred_inputs(3, torch.bfloat16, seed=3)
+    base = {"big": b, "small": b[:5000].clone()}
+    models = [{"big": r, "small": r[:5000].clone()} for r in raws]
+    plan = E.make_plan(name, 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.45])
+    with monkeypatch.context() as mp:
+        mp.setattr(K, "DEFER_MIN", 1 << 62)
+        want = _merge_bytes(tmp_path, "scanned", base, models, plan, 0.6, -1)
+    before = dict(K.DEFERRED)
+    got = _merge_bytes(tmp_path, "deferred", base, models, plan, 0.6, -1)
+    assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+    for d in (got[1], want[1]):
+        d.pop("seconds"), d.pop("read_gb_per_s")
+    assert got[0] == want[0] and got[1] == want[1]
+    with monkeypatch.context() as mp:  # every window misses: declined after its pass, then scanned and merged
+        mp.setattr(K, "bucket_windows", lambda counts, ks, n_: [(1, 3)])
+        before = dict(K.DEFERRED)
+        again = _merge_bytes(tmp_path, "declined", base, models, plan, 0.6, -1)
+        assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
+    again[1].pop("seconds"), again[1].pop("read_gb_per_s")
+    assert again[0] == want[0] and again[1] == want[1]
 
 
 @needs_numba

@@ -2123,6 +2123,235 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
                          consensus, normalize, out, oraw, sc, emit, band)
 
 
+# --------------------------------------------------------------------------------------------- top-k, thresholds deferred
+# Magnitude and TIES without the scan's pass over every model: a sample names a window of |tau| each model's
+# k-th largest falls in (kernels.bucket_windows); the one pass merges with each model keeping what lies above
+# its window (provisional) and stores every position where some model's |tau| lies in its window (the base's and
+# every model's raw element there); the stored elements and the count above each window give the exact
+# threshold (the same radix select), and the stored positions are merged again with it, through
+# _combine_block (the fused loop's float32 operations in its order: bitwise the two-pass merge).
+
+
+@_jit
+def _window_bits(bs, rs, los, wds, pp):
+    """pp[j] = the models whose |rs[k][j] - bs[j]| lies in their window (bit k: its float32 bits u with
+    u - los[k] < wds[k], unsigned) over one span; the count of positions with a bit set. One loop with the models
+    inside it (as _ties_span)."""
+    K = len(rs)
+    c = 0
+    for j in range(bs.shape[0]):
+        b = as_f32(bs, j)
+        p = np.uint32(0)
+        for k in range(K):
+            u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
+            p |= np.uint32((u - los[k]) < wds[k]) << np.uint32(k)
+        pp[j] = np.uint8(p)
+        c += p != np.uint32(0)
+    return c
+
+
+@_jit
+def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
+                    pos, pat, vals, m, cap):
+    """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
+    thresholds (tv, every tie kept), then its positions with a model in its window stored from index m on
+    (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements). Returns (non-finite
+    flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With `emit` the output
+    is written block by block and out is not touched."""
+    K = len(raws)
+    pt = np.empty(_BLOCK, np.uint8)
+    pp = np.empty(_BLOCK, np.uint8)
+    idx = np.empty(_BLOCK, np.int64)
+    ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
+    bad = 0
+    nz = 0
+    bo = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        L = e - s
+        rs = _slices(raws, s, e)
+        dst = ob[:L] if emit else out[s:e]
+        b, z, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L], None, None)
+        _count_bytes(pt[:L], h4)
+        bad += b
+        nz += z
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+        c = _window_bits(base[s:e], rs, los, wds, pp[:L])
+        if c == 0:
+            continue
+        if m + c > cap:
+            return bad, nz, bo, -1
+        q = 0
+        for j in range(L):  # the positions in a window, branch-free
+            idx[q] = j
+            q += pp[j] != np.uint8(0)
+        for i in range(q):
+            j = idx[i]
+            pos[m] = s + j
+            pat[m] = pp[j]
+            vals[0, m] = base[s + j]
+            for k in range(K):
+                vals[1 + k, m] = rs[k][j]
+            m += 1
+    return bad, nz, bo, m
+
+
+@_pjit
+def topk_merge_deferred(base, raws, tv, los, wds, ws, consensus, normalize, out, oraw, sc, emit, pos, pat, vals):
+    """The provisional pass (see above): the pieces (one per thread) each store their entries in their share of
+    pos/pat/vals. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
+    entries, their ends (-1: a piece's share overflowed), non-finite output flag)."""
+    K = len(raws)
+    n = base.shape[0]
+    T = _n_pieces(n, 4096)
+    cap = pos.shape[0]
+    tf = np.ones(K, np.bool_)
+    dv = np.ones(K, np.float32)
+    wv = np.ones(K, np.float32)
+    if _weighted(ws, K):
+        for k in range(K):
+            wv[k] = np.float32(ws[k])
+    bads, nzs, bos, h4 = _piece_rows(T)
+    starts = np.zeros(T, np.int64)
+    ends = np.zeros(T, np.int64)
+    for p in prange(T):
+        lo, hi = _piece(n, p, T, 4096)
+        starts[p] = cap * p // T
+        b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out,
+                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, pos, pat, vals, starts[p],
+                                      cap * (p + 1) // T)
+        bads[p] = b
+        nzs[p] = z
+        bos[p] = bo
+        ends[p] = m
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return bads.sum(), nzs.sum(), hist, starts, ends, bos.sum()
+
+
+@_pjit
+def deferred_select(vals, pat, starts, ends, los, wds, ks, above):
+    """Each model's k-th largest |tau| from the stored entries (those with its bit: its window's elements) and
+    the count above its window, the models in parallel: (threshold bits, elements above it, elements equal to
+    it, whether every k was inside its window)."""
+    K = los.shape[0]
+    thr = np.zeros(K, np.uint32)
+    gt = np.zeros(K, np.int64)
+    eq = np.zeros(K, np.int64)
+    found = np.zeros(K, np.bool_)
+    for k in prange(K):
+        need = ks[k] - above[k]
+        W = np.int64(wds[k])
+        if need <= 0:
+            continue
+        h = np.zeros(W, np.int32)
+        bit = np.uint8(1 << k)
+        for p in range(starts.shape[0]):
+            for e in range(starts[p], ends[p]):
+                if pat[e] & bit:
+                    u = _f32_as_u32(abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)))
+                    h[u - los[k]] += 1
+        c = 0
+        for d in range(W - 1, -1, -1):
+            if c + h[d] >= need:
+                thr[k] = los[k] + np.uint32(d)
+                gt[k] = above[k] + c
+                eq[k] = h[d]
+                found[k] = True
+                break
+            c += h[d]
+    return thr, gt, eq, found.all()
+
+
+@_pjit
+def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit):
+    """The stored positions merged again with the exact thresholds (thr: float32 per model; a tie kept where
+    alls[k], else the first lefts[k] in position order), block by block of entries: each block's provisional
+    merge (|tau| bits >= his[k] kept) and its exact one, both through _combine_block, the difference of their
+    kept bits and nonzeros taken into the counts, and out[pos] (or the output element, `emit`) rewritten where a
+    model's choice changed (elsewhere the pass's result stands). The pieces in parallel, each told the ties
+    before it. Returns (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change
+    (256), non-finite output flag)."""
+    K = his.shape[0]
+    T = starts.shape[0]
+    weighted = _weighted(ws, K)
+    tv = thr.astype(np.float32)
+    before = np.zeros((T + 1, K), np.int64)
+    for p in prange(T):
+        for k in range(K):
+            if not alls[k]:
+                c = 0
+                for e in range(starts[p], ends[p]):
+                    c += abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)) == tv[k]
+                before[p + 1, k] = c
+    for p in range(T):
+        before[p + 1] += before[p]
+    minus = np.zeros((4 * T, 256), np.int64)
+    plus = np.zeros((4 * T, 256), np.int64)
+    bads = np.zeros(T, np.int64)
+    dnz = np.zeros(T, np.int64)
+    bos = np.zeros(T, np.int64)
+    zero = np.float32(0.0)
+    for p in prange(T):
+        seen = before[p].copy()
+        tb = np.empty((K, _BLOCK), np.float32)
+        tb2 = np.empty((K, _BLOCK), np.float32)
+        ch = np.empty(_BLOCK, np.uint8)
+        o = np.empty(_BLOCK, np.float32)
+        scr = np.empty((3, _BLOCK), np.float32)
+        pt = np.empty(_BLOCK, np.uint8)
+        for s in range(starts[p], ends[p], _BLOCK):
+            L = min(ends[p], s + _BLOCK) - s
+            bs = vals[0, s:s + L]
+            for i in range(L):
+                ch[i] = np.uint8(0)
+            for k in range(K):
+                xs = vals[1 + k, s:s + L]
+                h = his[k]
+                t = tv[k]
+                al = alls[k]
+                for i in range(L):  # vectorised: every tie kept where al, else none (the quota below)
+                    x = as_f32(xs, i) - as_f32(bs, i)
+                    a = abs(x)
+                    old = _f32_as_u32(a) >= h
+                    keep = (a > t) | (al & (a == t))
+                    tb[k, i] = x if old else zero
+                    tb2[k, i] = x if keep else zero
+                    ch[i] |= np.uint8(keep != old)
+                if not al:  # the first lefts[k] ties in position order
+                    for i in range(L):
+                        x = as_f32(xs, i) - as_f32(bs, i)
+                        if abs(x) == t:
+                            if seen[k] < lefts[k]:
+                                tb2[k, i] = x
+                                ch[i] = np.uint8(1)
+                            seen[k] += 1
+            _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
+            b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
+            bads[p] += b2
+            dnz[p] += z2 - z1
+            if emit:  # the output element as _emit (the base's element from the entry); out is only scratch
+                for i in range(L):
+                    if ch[i]:
+                        bos[p] = max(bos[p], np.int64(put(oraw, pos[s + i], as_f32(bs, i) + o[i] * sc)))
+            else:
+                for i in range(L):
+                    if ch[i]:
+                        out[pos[s + i]] = o[i]
+    change = np.zeros(256, np.int64)
+    for r in range(4 * T):
+        for v in range(256):
+            change[v] += plus[r, v] - minus[r, v]
+    return bads.sum(), dnz.sum(), change, bos.sum()
+
+
+@_jit
+def pairs_of_hist(hist, K):
+    """The kept pairs (counts[a][b], a <= b) from a kept-bits histogram."""
+    return _hist_pairs(hist, K)
+
+
 # --------------------------------------------------------------------------------------------- DARE in one pass
 
 

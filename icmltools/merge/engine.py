@@ -88,7 +88,8 @@ class MergeMethod(abc.ABC):
       ``st.mark``); ``draws_dare`` (the method draws DARE masks itself: the generic ``dare_p`` is refused);
       ``weighted`` (False: per-model weights other than 1 are refused); ``one_pass`` (:meth:`merge_raw` merges
       a chunk of every model at once; the engine falls back to feeding one model at a time where it returns
-      None or finds a non-finite value, so the fallback finds and names it).
+      None or finds a non-finite value, so the fallback finds and names it); :meth:`defers` (a scanning
+      one-pass method that finds its scan's result inside :meth:`merge_raw`: the engine skips the scan).
 
     Models are always fed in the order given (index ``i``; ``k`` counts the models fed so far in this pass). A
     method keeps per-tensor state on ``st`` (set in :meth:`begin`, which runs once per tensor before any chunk).
@@ -163,6 +164,12 @@ class MergeMethod(abc.ABC):
         or None where it did not write the output), or None when not run (then the models are fed one at a
         time)."""
         return None
+
+    def defers(self, st: "TensorState") -> bool:
+        """With ``scans`` and ``one_pass``: whether :meth:`merge_raw` of this tensor (one chunk) is tried before
+        any scan, finding what the scan would in its own pass; where it returns None the engine scans, then calls
+        it again."""
+        return False
 
     @abc.abstractmethod
     def add(self, st: "TensorState", tau, i: int, k: int, p: int) -> None:
@@ -928,13 +935,14 @@ def _tensor_chunks(run: _Run, spec):
     wanted = [i for i in range(plan.n_models) if m.wants(plan, i)]
     witness = m.witness if (m.witness and plan.dare_p == 0 and not m.scans) else None
     diag, kept = _Diagnosis(), 0
-    spans = list(_chunks(spec.numel, plan))
-    whole = len(spans) == 1
     one_pass = m.one_pass and wanted and len(wanted) <= K.MAX_ONE_PASS and plan.dare_p == 0 and run.device == "cpu"
+    deferred = bool(one_pass and m.scans and m.defers(st))  # the scan's result found in the pass: one chunk
+    spans = [(0, spec.numel)] if deferred else list(_chunks(spec.numel, plan))
+    whole = len(spans) == 1
     fused = m.scans and whole and not one_pass  # a one-pass method scans first, then reads each chunk once
     with torch.no_grad():  # never across a yield: grad mode is thread state the caller would inherit
         m.begin(st)
-        if m.scans and not fused:
+        if m.scans and not fused and not deferred:
             _scan(run, st, spec, wanted, diag)
     for a, b in spans:
         with torch.no_grad():
@@ -943,6 +951,9 @@ def _tensor_chunks(run: _Run, spec):
                 setattr(st, key, st.buf(key, None if dt is None else getattr(torch, dt)))
             raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
             got = _one_pass(run, st, spec, a, b, raw_b, wanted, whole) if one_pass else None
+            if got is None and deferred:  # the scan's result was not found in the pass: scan, then pass again
+                _scan(run, st, spec, wanted, diag)
+                got = _one_pass(run, st, spec, a, b, raw_b, wanted, whole)
             if got is not None:
                 merged, c, done = got
                 bd = WRITTEN if done else None  # else the output is computed from raw_b (_write_tensor)

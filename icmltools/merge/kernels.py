@@ -591,6 +591,82 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e), [int(t) for t in ties2]
 
 
+DEFER_MIN = 1 << 21  # smaller tensors: the scan's two passes are short, no deferred thresholds
+DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thresholds held (the rest: scanned, again)
+_DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
+
+
+def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: bool, normalize: bool, out, emit=None,
+                        buf=None):
+    """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
+    index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
+    thresholds deferred"): a sample names the window of |tau| each threshold lies in (bucket_windows), the pass
+    merges with what lies above the windows and stores the positions where a model's |tau| lies in its window,
+    then those are merged again with the exact thresholds. Bitwise topk_merge_raw with the scan's selections.
+    Its results (with each model's (threshold, above, equal) last), or None: not run, a model's k outside its
+    window or no window, windows holding too many elements, a non-finite element (the scan's path decides).
+    `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their pages
+    are touched once), else new ones."""
+    import numpy as np
+    import torch
+
+    got = _one_pass(base, raws, out)
+    if got is None:
+        return None
+    b, rs = got
+    n = b.shape[0]
+    if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks) or len(rs) > 8:
+        return None
+    km = _mod()
+    starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+    sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
+    los, wds, share = [], [], 0.0
+    for r, k in zip(rs, ks):
+        km.sample_hi_tau(r, b, None, starts, _SAMPLE_WIDTH, sample)
+        counts = np.bincount(sample, minlength=1 << 15)
+        wins = bucket_windows(counts, [k], n)
+        if len(wins) != 1:
+            return None
+        s, w = wins[0]
+        share += float(counts[s:s + w].sum()) / sample.size
+        los.append(s << 16)
+        wds.append(w << 16)
+    if share > _DEFER_MOST:
+        return None
+    los, wds = np.array(los, np.uint32), np.array(wds, np.uint32)
+    his = los + wds
+    cap = int(n * min(1.0, 1.5 * share + 0.005)) + 8 * 4096
+    if buf is None:
+        def buf(key, numel, dt):
+            return torch.empty(numel, dtype=dt)
+    pos, pat = _np(buf("defer_pos", cap, torch.int32)), _np(buf("defer_pat", cap, torch.uint8))
+    vals = _np(buf("defer_vals", cap * (len(rs) + 1), base.dtype)).reshape(len(rs) + 1, cap)
+    e = _emit_args(base, emit)
+    o, ef = _np(out).reshape(-1), _emit_flagged(b, e)
+    w = np.asarray(weights, np.float64)
+    DEFERRED["tried"] += 1
+    bad, nz, hist, first, ends, bo = km.topk_merge_deferred(b, rs, his.view(np.float32), los, wds, w,
+                                                            bool(consensus), bool(normalize), o, *ef, pos, pat, vals)
+    if bad or bo or (ends < 0).any():
+        return None
+    K = len(rs)
+    above = np.array([int(hist[[v for v in range(256) if v >> k & 1]].sum()) for k in range(K)], np.int64)
+    thr, gt, eq, ok = km.deferred_select(vals, pat, first, ends, los, wds, np.array(ks, np.int64), above)
+    if not ok:
+        return None
+    left = np.array(ks, np.int64) - gt
+    alls = np.array([bool(keep_ties) or int(left[k]) == int(eq[k]) for k in range(K)], np.bool_)
+    thr_f = thr.view(np.float32)
+    bad2, dnz, change, bo2 = km.deferred_fix(vals, pos, first, ends, his, thr_f, alls, left, w, bool(consensus),
+                                             bool(normalize), o, *ef)
+    if bad2:
+        return None
+    DEFERRED["found"] += 1
+    pairs = km.pairs_of_hist(hist + change, K)
+    sels = [(float(thr_f[k]), int(gt[k]), int(eq[k])) for k in range(K)]
+    return 0, int(nz + dnz), [int(x) for x in eq], pairs, _emitted(bo2, e), sels
+
+
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks, emit=None):
     """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'

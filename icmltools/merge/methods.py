@@ -177,11 +177,34 @@ class _Magnitude(Weighted):
         return st.topk[i].prune(tau, p)
 
     one_pass = True
+    defer = True  # the thresholds found in the one pass (kernels.topk_merge_deferred) on a large tensor
+
+    def defers(self, st):
+        return self.defer and st.numel >= K.DEFER_MIN and st.device == "cpu"
+
+    def _merge_deferred(self, st, raws, base, wanted, out):
+        """merge_raw before any scan: each model's TopK from the thresholds the one pass found, or None."""
+        keep = st.plan.options.get("trim") == "keep_ties"
+        ks = [self._k(st, i) for i in wanted]
+        got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus,
+                                    bool(st.plan.options.get("normalize")), out, emit=st.emit,
+                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt))
+        if got is None:
+            return None
+        for i, k, sel in zip(wanted, ks, got[5]):
+            st.topk[i] = TopK(None, k, keep, sel, st.numel)
+            for p in range(self.passes):
+                st.topk[i].advance(p, sel[2])
+        st.count_pairs(wanted, got[3])
+        return 0, out, got[1], got[4]
 
     def merge_raw(self, st, raws, base, wanted):
         """Every model's chunk pruned by its TopK and combined in one compiled loop (each input read once; TIES'
-        two passes in one); the ties each model met advance its TopK in every pass, as feeding it would."""
+        two passes in one); the ties each model met advance its TopK in every pass, as feeding it would. Before
+        any scan (:meth:`defers`): the thresholds found in the same pass."""
         out = st.acc if self.consensus else st.total
+        if not st.topk:
+            return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
                                [st.plan.weights[i] for i in wanted], self.consensus,
                                bool(st.plan.options.get("normalize")), out, emit=st.emit)
@@ -270,6 +293,7 @@ class Breadcrumbs(_Magnitude):
     name = "breadcrumbs"
     reference = "Davari & Belilovsky, Model Breadcrumbs, ECCV 2024"
     options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA}
+    defer = False  # two thresholds per model: the scan's windowed pass
 
     def validate(self, plan):
         from icmltools.core.errors import BadInputError
