@@ -113,6 +113,19 @@ def _vm(key: str) -> int:
     return -1
 
 
+def _selections() -> dict:
+    """A scanning method's threshold selections: with every low histogram counted in the high pass (hit) or not,
+    and the tensors whose thresholds were found in the merge's own pass (deferred: tried, found)."""
+    from icmltools.merge import kernels as K
+
+    extra = {}
+    if sum(K.WINDOWS.values()):
+        extra["selections"] = dict(K.WINDOWS)
+    if K.DEFERRED["tried"]:
+        extra["deferred"] = dict(K.DEFERRED)
+    return extra
+
+
 def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_elems: int | None = None) -> dict:
     """One measurement in this fresh process: a plain read, or one method's merge to disk."""
     import torch
@@ -166,11 +179,7 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_ele
         kw = {} if chunk_elems is None else {"chunk_elems": chunk_elems}  # None: the engine's default
         E.merge_to_checkpoint(base, models, E.make_plan(mode, n, **kw), 1.0, out)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    extra = {}
-    if mode not in ("read", "read_write") and sum(K.WINDOWS.values()):  # a scanning method: its threshold selections
-        extra["selections"] = dict(K.WINDOWS)  # with every low histogram counted in the high pass (hit), or not
-    if mode not in ("read", "read_write") and K.DEFERRED["tried"]:  # thresholds found in the merge's own pass
-        extra["deferred"] = dict(K.DEFERRED)
+    extra = {} if mode in ("read", "read_write") else _selections()
     if mode != "read":  # the benchmark's own clean-up, not timed (deleting a 1 GB file took 0.07-0.2 s here)
         shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
         Path(str(out) + ".json").unlink(missing_ok=True)

@@ -2279,12 +2279,7 @@ def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, 
     tv = thr.astype(np.float32)
     before = np.zeros((T + 1, K), np.int64)
     for p in prange(T):
-        for k in range(K):
-            if not alls[k]:
-                c = 0
-                for e in range(starts[p], ends[p]):
-                    c += abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)) == tv[k]
-                before[p + 1, k] = c
+        _entry_ties(vals, starts[p], ends[p], tv, alls, before[p + 1])
     for p in range(T):
         before[p + 1] += before[p]
     minus = np.zeros((4 * T, 256), np.int64)
@@ -2292,7 +2287,6 @@ def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, 
     bads = np.zeros(T, np.int64)
     dnz = np.zeros(T, np.int64)
     bos = np.zeros(T, np.int64)
-    zero = np.float32(0.0)
     for p in prange(T):
         seen = before[p].copy()
         tb = np.empty((K, _BLOCK), np.float32)
@@ -2303,47 +2297,76 @@ def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, 
         pt = np.empty(_BLOCK, np.uint8)
         for s in range(starts[p], ends[p], _BLOCK):
             L = min(ends[p], s + _BLOCK) - s
-            bs = vals[0, s:s + L]
-            for i in range(L):
-                ch[i] = np.uint8(0)
-            for k in range(K):
-                xs = vals[1 + k, s:s + L]
-                h = his[k]
-                t = tv[k]
-                al = alls[k]
-                for i in range(L):  # vectorised: every tie kept where al, else none (the quota below)
-                    x = as_f32(xs, i) - as_f32(bs, i)
-                    a = abs(x)
-                    old = _f32_as_u32(a) >= h
-                    keep = (a > t) | (al & (a == t))
-                    tb[k, i] = x if old else zero
-                    tb2[k, i] = x if keep else zero
-                    ch[i] |= np.uint8(keep != old)
-                if not al:  # the first lefts[k] ties in position order
-                    for i in range(L):
-                        x = as_f32(xs, i) - as_f32(bs, i)
-                        if abs(x) == t:
-                            if seen[k] < lefts[k]:
-                                tb2[k, i] = x
-                                ch[i] = np.uint8(1)
-                            seen[k] += 1
+            _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch)
             _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
             b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
             bads[p] += b2
             dnz[p] += z2 - z1
-            if emit:  # the output element as _emit (the base's element from the entry); out is only scratch
-                for i in range(L):
-                    if ch[i]:
-                        bos[p] = max(bos[p], np.int64(put(oraw, pos[s + i], as_f32(bs, i) + o[i] * sc)))
-            else:
-                for i in range(L):
-                    if ch[i]:
-                        out[pos[s + i]] = o[i]
+            bos[p] = max(bos[p], _entry_store(vals[0, s:s + L], pos[s:s + L], o, ch, out, oraw, sc, emit))
     change = np.zeros(256, np.int64)
     for r in range(4 * T):
         for v in range(256):
             change[v] += plus[r, v] - minus[r, v]
     return bads.sum(), dnz.sum(), change, bos.sum()
+
+
+@_jit
+def _entry_ties(vals, a, b, tv, alls, out):
+    """out[k] = the entries [a, b) whose |tau| of model k equals tv[k], for the models that keep some ties only."""
+    for k in range(tv.shape[0]):
+        if not alls[k]:
+            c = 0
+            for e in range(a, b):
+                c += abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)) == tv[k]
+            out[k] = c
+
+
+@_jit
+def _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch):
+    """Rows of the entries [s, s + L): tb[k] model k's tau where the pass kept it (bits >= his[k]), tb2[k] where the
+    exact threshold keeps it (every tie where alls[k], else the first lefts[k] - seen[k]; seen advances), ch[i]
+    whether a model's choice changed."""
+    zero = np.float32(0.0)
+    bs = vals[0, s:s + L]
+    for i in range(L):
+        ch[i] = np.uint8(0)
+    for k in range(his.shape[0]):
+        xs = vals[1 + k, s:s + L]
+        h = his[k]
+        t = tv[k]
+        al = alls[k]
+        for i in range(L):  # vectorised: every tie kept where al, else none (the quota below)
+            x = as_f32(xs, i) - as_f32(bs, i)
+            a = abs(x)
+            old = _f32_as_u32(a) >= h
+            keep = (a > t) | (al & (a == t))
+            tb[k, i] = x if old else zero
+            tb2[k, i] = x if keep else zero
+            ch[i] |= np.uint8(keep != old)
+        if not al:  # the first lefts[k] ties in position order
+            for i in range(L):
+                x = as_f32(xs, i) - as_f32(bs, i)
+                if abs(x) == t:
+                    if seen[k] < lefts[k]:
+                        tb2[k, i] = x
+                        ch[i] = np.uint8(1)
+                    seen[k] += 1
+
+
+@_jit
+def _entry_store(bs, ps, o, ch, out, oraw, sc, emit):
+    """The new results o of the changed entries (ch) stored at their positions ps: out[p] = o, or with `emit` the
+    output element as _emit (bs: the entries' base elements; out is only scratch); the non-finite output flag."""
+    bo = 0
+    if emit:
+        for i in range(ps.shape[0]):
+            if ch[i]:
+                bo = max(bo, np.int64(put(oraw, ps[i], as_f32(bs, i) + o[i] * sc)))
+    else:
+        for i in range(ps.shape[0]):
+            if ch[i]:
+                out[ps[i]] = o[i]
+    return bo
 
 
 @_jit
