@@ -3,6 +3,7 @@ methods equal straightforward loops typed from the papers' definitions, non-fini
 half-written, buffers independent of the number of models."""
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -848,6 +849,40 @@ def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models):
 
 
 @needs_numba
+def test_deferred_band_merges_as_the_scan_bitwise():
+    """Breadcrumbs' band deferred (`tops`: each model's top dropped too, its window above the first and the
+    elements above it stored): bitwise the scan-then-merge loop with both TopKs per model, the merged chunk or
+    the output, nonzeros, ties at both thresholds, overlap counts, and both selections the scan's."""
+    n, base, raws = _deferred_inputs(3, torch.bfloat16)
+    ran = 0
+    for dens, gamma in (([0.2] * 3, 0.01), ([0.1, 0.5, 0.3], 0.02)):
+        ks, tops = [], []
+        for d in dens:
+            target, n_top = int(d * n), int(gamma * n)
+            ks.append(target + n_top)
+            tops.append(n_top)
+        sels = _scanned(raws, base, ks, False)
+        sels2 = _scanned(raws, base, tops, False)
+        for emit in (None, (0.6, -1)):
+            o1, o2 = torch.empty(n), torch.empty(n)
+            e1 = e2 = None
+            if emit:
+                e1, e2 = ((torch.empty(n, dtype=torch.bfloat16), *emit) for _ in range(2))
+            ws = [0.7, -1.3, 0.5]
+            want = K.topk_merge_raw(base, raws, sels, ws, False, False, o1, emit=e1, tops=sels2)
+            got = K.topk_merge_deferred(base, raws, ks, False, ws, False, False, o2, emit=e2, tops=tops)
+            assert got is not None, (dens, gamma)
+            ran += 1
+            if emit:
+                assert torch.equal(e1[0].view(torch.int16), e2[0].view(torch.int16)) and got[4] == want[4] == 0
+            else:
+                assert torch.equal(o1.view(torch.int32), o2.view(torch.int32))
+            assert (got[1], got[2], got[6]) == (want[1], want[2], want[5]) and np.array_equal(got[3], want[3])
+            assert got[5] == [tuple(K.radix_select_tau(r, base, [k])[0][0]) for r, k in zip(raws + raws, ks + tops)]
+    assert ran == 4 and any(not s[2] for s in sels + sels2)  # a quota split ties at some threshold
+
+
+@needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
     """_window_bits, exact: bit k where model k's |tau| has float32 bits in [los[k], los[k] + wds[k]) (both signs,
     the window's last value in, its end out), and the count of positions marked."""
@@ -894,12 +929,13 @@ def test_deferred_thresholds_decline_what_they_cannot_place():
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["magnitude", "ties"])
+@pytest.mark.parametrize("name", ["magnitude", "ties", "breadcrumbs"])
 def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, name):
     """The engine merges a tensor of at least DEFER_MIN elements in one chunk with the thresholds found in the
-    pass (no scan), a small one by scan then merge, and a tensor whose deferral is declined by scan then merge
-    again: the written file and every figure of the summary equal the scan's path (deferral off)."""
-    n, b, raws = _deferred_inputs(3, torch.bfloat16, seed=3)
+    pass (no scan; Breadcrumbs: both of each model's), a small one by scan then merge, and a tensor whose deferral
+    is declined by scan then merge again: the written file and every figure of the summary equal the scan's path
+    (deferral off)."""
+    n, b, raws = _deferred_inputs(3, torch.bfloat16)
     base = {"big": b, "small": b[:5000].clone()}
     models = [{"big": r, "small": r[:5000].clone()} for r in raws]
     plan = E.make_plan(name, 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.45])
@@ -913,7 +949,8 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
         d.pop("seconds"), d.pop("read_gb_per_s")
     assert got[0] == want[0] and got[1] == want[1]
     with monkeypatch.context() as mp:  # every window misses: declined after its pass, then scanned and merged
-        mp.setattr(K, "bucket_windows", lambda counts, ks, n_: [(1, 3)])
+        wrong = itertools.cycle([[(1, 3)], [(32000, 2)]])  # below every k-th largest, then above (a top's)
+        mp.setattr(K, "bucket_windows", lambda counts, ks, n_: next(wrong))
         before = dict(K.DEFERRED)
         again = _merge_bytes(tmp_path, "declined", base, models, plan, 0.6, -1)
         assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}

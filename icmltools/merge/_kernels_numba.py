@@ -2133,10 +2133,10 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 
 
 @_jit
-def _window_bits(bs, rs, los, wds, pp):
+def _window_bits(bs, rs, los, wds, tops, pp):
     """pp[j] = the models whose |rs[k][j] - bs[j]| lies in their window (bit k: its float32 bits u with
-    u - los[k] < wds[k], unsigned) over one span; the count of positions with a bit set. One loop with the models
-    inside it (as _ties_span)."""
+    u - los[k] < wds[k], unsigned) or from tops[k] on (Breadcrumbs' top and its window; 2^32 - 1 for none) over
+    one span; the count of positions with a bit set. One loop with the models inside it (as _ties_span)."""
     K = len(rs)
     c = 0
     for j in range(bs.shape[0]):
@@ -2144,7 +2144,7 @@ def _window_bits(bs, rs, los, wds, pp):
         p = np.uint32(0)
         for k in range(K):
             u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
-            p |= np.uint32((u - los[k]) < wds[k]) << np.uint32(k)
+            p |= np.uint32(((u - los[k]) < wds[k]) | (u >= tops[k])) << np.uint32(k)
         pp[j] = np.uint8(p)
         c += p != np.uint32(0)
     return c
@@ -2152,9 +2152,10 @@ def _window_bits(bs, rs, los, wds, pp):
 
 @_jit
 def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
-                    pos, pat, vals, m, cap):
+                    tops, tv2, tf2, pos, pat, vals, m, cap):
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
-    thresholds (tv, every tie kept), then its positions with a model in its window stored from index m on
+    thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), then its positions with a model in its
+    window (or its top's, see _window_bits) stored from index m on
     (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements). Returns (non-finite
     flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With `emit` the output
     is written block by block and out is not touched."""
@@ -2171,13 +2172,13 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         L = e - s
         rs = _slices(raws, s, e)
         dst = ob[:L] if emit else out[s:e]
-        b, z, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L], None, None)
+        b, z, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L], tv2, tf2)
         _count_bytes(pt[:L], h4)
         bad += b
         nz += z
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
-        c = _window_bits(base[s:e], rs, los, wds, pp[:L])
+        c = _window_bits(base[s:e], rs, los, wds, tops, pp[:L])
         if c == 0:
             continue
         if m + c > cap:
@@ -2198,9 +2199,10 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
 
 
 @_pjit
-def topk_merge_deferred(base, raws, tv, los, wds, ws, consensus, normalize, out, oraw, sc, emit, pos, pat, vals):
+def topk_merge_deferred(base, raws, tv, los, wds, tops, tv2, tf2, ws, consensus, normalize, out, oraw, sc, emit, pos,
+                        pat, vals):
     """The provisional pass (see above): the pieces (one per thread) each store their entries in their share of
-    pos/pat/vals. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
+    pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES). Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
     entries, their ends (-1: a piece's share overflowed), non-finite output flag)."""
     K = len(raws)
     n = base.shape[0]
@@ -2219,7 +2221,8 @@ def topk_merge_deferred(base, raws, tv, los, wds, ws, consensus, normalize, out,
         lo, hi = _piece(n, p, T, 4096)
         starts[p] = cap * p // T
         b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out,
-                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, pos, pat, vals, starts[p],
+                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, tops, tv2, tf2, pos, pat, vals,
+                                      starts[p],
                                       cap * (p + 1) // T)
         bads[p] = b
         nzs[p] = z
@@ -2231,57 +2234,76 @@ def topk_merge_deferred(base, raws, tv, los, wds, ws, consensus, normalize, out,
 
 
 @_pjit
-def deferred_select(vals, pat, starts, ends, los, wds, ks, above):
-    """Each model's k-th largest |tau| from the stored entries (those with its bit: its window's elements) and
-    the count above its window, the models in parallel: (threshold bits, elements above it, elements equal to
-    it, whether every k was inside its window)."""
-    K = los.shape[0]
-    thr = np.zeros(K, np.uint32)
-    gt = np.zeros(K, np.int64)
-    eq = np.zeros(K, np.int64)
-    found = np.zeros(K, np.bool_)
-    for k in prange(K):
-        need = ks[k] - above[k]
-        W = np.int64(wds[k])
-        if need <= 0:
-            continue
+def deferred_select(vals, pat, starts, ends, los, wds, ks, above, tops):
+    """The k-th largest |tau| in each window j (model j % K of the K models of vals; Breadcrumbs: a second window
+    per model, its top's, from j = K on) from the stored entries with the model's bit and the count above the
+    window: above[j] plus the entries from tops[j] on (the count the pass did not keep: Breadcrumbs' top above a
+    first window, anything above a top's window; 2^32 - 1 for none). The windows in parallel: (threshold bits,
+    elements above it, elements equal to it, whether every k was inside its window)."""
+    J = los.shape[0]
+    K = vals.shape[0] - 1
+    thr = np.zeros(J, np.uint32)
+    gt = np.zeros(J, np.int64)
+    eq = np.zeros(J, np.int64)
+    found = np.zeros(J, np.bool_)
+    for j in prange(J):
+        W = np.int64(wds[j])
         h = np.zeros(W, np.int32)
-        bit = np.uint8(1 << k)
+        bit = np.uint8(1 << (j % K))
+        up = above[j]
         for p in range(starts.shape[0]):
             for e in range(starts[p], ends[p]):
                 if pat[e] & bit:
-                    u = _f32_as_u32(abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)))
-                    h[u - los[k]] += 1
+                    u = _f32_as_u32(abs(as_f32(vals[1 + j % K], e) - as_f32(vals[0], e)))
+                    d = u - los[j]
+                    if d < wds[j]:
+                        h[d] += 1
+                    up += u >= tops[j]
+        need = ks[j] - up
         c = 0
         for d in range(W - 1, -1, -1):
+            if need <= 0:
+                break
             if c + h[d] >= need:
-                thr[k] = los[k] + np.uint32(d)
-                gt[k] = above[k] + c
-                eq[k] = h[d]
-                found[k] = True
+                thr[j] = los[j] + np.uint32(d)
+                gt[j] = up + c
+                eq[j] = h[d]
+                found[j] = True
                 break
             c += h[d]
     return thr, gt, eq, found.all()
 
 
 @_pjit
-def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit):
+def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, alls2, lefts2, ws, consensus, normalize,
+                 out, oraw, sc, emit):
     """The stored positions merged again with the exact thresholds (thr: float32 per model; a tie kept where
-    alls[k], else the first lefts[k] in position order), block by block of entries: each block's provisional
-    merge (|tau| bits >= his[k] kept) and its exact one, both through _combine_block, the difference of their
-    kept bits and nonzeros taken into the counts, and out[pos] (or the output element, `emit`) rewritten where a
-    model's choice changed (elsewhere the pass's result stands). The pieces in parallel, each told the ties
-    before it. Returns (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change
-    (256), non-finite output flag)."""
+    alls[k], else the first lefts[k] in position order; Breadcrumbs: minus its top, thr2/alls2/lefts2 alike, None
+    otherwise), block by block of entries: each block's provisional merge (|tau| bits >= his[k] kept, and below
+    tops[k]) and its exact one, both through _combine_block, the difference of their kept bits and nonzeros taken
+    into the counts, and out[pos] (or the output element, `emit`) rewritten where a model's choice may have
+    changed (elsewhere the pass's result stands). The pieces in parallel, each told the ties before it. Returns
+    (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change (256), non-finite
+    output flag)."""
     K = his.shape[0]
     T = starts.shape[0]
     weighted = _weighted(ws, K)
     tv = thr.astype(np.float32)
+    if thr2 is None:
+        tv2 = tv
+        al2 = alls
+    else:
+        tv2 = thr2.astype(np.float32)
+        al2 = alls2
     before = np.zeros((T + 1, K), np.int64)
+    before2 = np.zeros((T + 1, K), np.int64)
     for p in prange(T):
         _entry_ties(vals, starts[p], ends[p], tv, alls, before[p + 1])
+        if thr2 is not None:
+            _entry_ties(vals, starts[p], ends[p], tv2, al2, before2[p + 1])
     for p in range(T):
         before[p + 1] += before[p]
+        before2[p + 1] += before2[p]
     minus = np.zeros((4 * T, 256), np.int64)
     plus = np.zeros((4 * T, 256), np.int64)
     bads = np.zeros(T, np.int64)
@@ -2289,6 +2311,7 @@ def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, 
     bos = np.zeros(T, np.int64)
     for p in prange(T):
         seen = before[p].copy()
+        seen2 = before2[p].copy()
         tb = np.empty((K, _BLOCK), np.float32)
         tb2 = np.empty((K, _BLOCK), np.float32)
         ch = np.empty(_BLOCK, np.uint8)
@@ -2297,7 +2320,9 @@ def deferred_fix(vals, pos, starts, ends, his, thr, alls, lefts, ws, consensus, 
         pt = np.empty(_BLOCK, np.uint8)
         for s in range(starts[p], ends[p], _BLOCK):
             L = min(ends[p], s + _BLOCK) - s
-            _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch)
+            _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
+            if thr2 is not None:
+                _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2)
             _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
             b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
             bads[p] += b2
@@ -2322,10 +2347,11 @@ def _entry_ties(vals, a, b, tv, alls, out):
 
 
 @_jit
-def _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch):
-    """Rows of the entries [s, s + L): tb[k] model k's tau where the pass kept it (bits >= his[k]), tb2[k] where the
-    exact threshold keeps it (every tie where alls[k], else the first lefts[k] - seen[k]; seen advances), ch[i]
-    whether a model's choice changed."""
+def _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch):
+    """Rows of the entries [s, s + L): tb[k] model k's tau where the pass kept it (bits >= his[k] and below
+    tops[k]), tb2[k] where the exact threshold keeps it (every tie where alls[k], else the first lefts[k] -
+    seen[k]; seen advances), ch[i] whether a model's choice changed (Breadcrumbs' top is taken out of tb2 after:
+    ch stays set where only it undoes a change, and the position is merely written again)."""
     zero = np.float32(0.0)
     bs = vals[0, s:s + L]
     for i in range(L):
@@ -2333,12 +2359,14 @@ def _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch):
     for k in range(his.shape[0]):
         xs = vals[1 + k, s:s + L]
         h = his[k]
+        top = tops[k]
         t = tv[k]
         al = alls[k]
         for i in range(L):  # vectorised: every tie kept where al, else none (the quota below)
             x = as_f32(xs, i) - as_f32(bs, i)
             a = abs(x)
-            old = _f32_as_u32(a) >= h
+            u = _f32_as_u32(a)
+            old = (u >= h) & (u < top)
             keep = (a > t) | (al & (a == t))
             tb[k, i] = x if old else zero
             tb2[k, i] = x if keep else zero
@@ -2351,6 +2379,27 @@ def _entry_rows(vals, s, L, his, tv, alls, lefts, seen, tb, tb2, ch):
                         tb2[k, i] = x
                         ch[i] = np.uint8(1)
                     seen[k] += 1
+
+
+@_jit
+def _entry_top(vals, s, L, tv2, alls2, lefts2, seen2, tb2):
+    """Breadcrumbs: tb2[k] = 0 where model k's top keeps the entry (|tau| > tv2[k], or a tie: every one where
+    alls2[k], else the first lefts2[k] - seen2[k]; seen2 advances)."""
+    zero = np.float32(0.0)
+    bs = vals[0, s:s + L]
+    for k in range(tv2.shape[0]):
+        xs = vals[1 + k, s:s + L]
+        t = tv2[k]
+        al = alls2[k]
+        for i in range(L):
+            a = abs(as_f32(xs, i) - as_f32(bs, i))
+            tb2[k, i] = zero if (a > t) | (al & (a == t)) else tb2[k, i]
+        if not al:
+            for i in range(L):
+                if abs(as_f32(xs, i) - as_f32(bs, i)) == t:
+                    if seen2[k] < lefts2[k]:
+                        tb2[k, i] = zero
+                    seen2[k] += 1
 
 
 @_jit

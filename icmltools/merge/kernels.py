@@ -596,17 +596,32 @@ DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thre
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
 
 
+def _windows_of(km, r, b, ks, n: int, starts, sample):
+    """(first buckets, widths, the sample's counts) of one model's windows, one per k of `ks` (sampled as
+    radix_select_tau samples), or None where a k gets no window of its own."""
+    import numpy as np
+
+    km.sample_hi_tau(r, b, None, starts, _SAMPLE_WIDTH, sample)
+    counts = np.bincount(sample, minlength=1 << 15)
+    wins = [bucket_windows(counts, [k], n) for k in ks]
+    if any(len(w) != 1 for w in wins):
+        return None
+    return [w[0][0] for w in wins], [w[0][1] for w in wins], counts
+
+
 def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: bool, normalize: bool, out, emit=None,
-                        buf=None):
+                        buf=None, tops=None):
     """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
     index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
     thresholds deferred"): a sample names the window of |tau| each threshold lies in (bucket_windows), the pass
     merges with what lies above the windows and stores the positions where a model's |tau| lies in its window,
-    then those are merged again with the exact thresholds. Bitwise topk_merge_raw with the scan's selections.
-    Its results (with each model's (threshold, above, equal) last), or None: not run, a model's k outside its
-    window or no window, windows holding too many elements, a non-finite element (the scan's path decides).
-    `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their pages
-    are touched once), else new ones."""
+    then those are merged again with the exact thresholds. With `tops` (Breadcrumbs, consensus False), each
+    model's tops[k] largest are dropped as well (its second TopK): a second window per model, above the first,
+    and the elements above it stored too. Bitwise topk_merge_raw with the scan's selections. Its results (with
+    each model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside
+    its window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
+    decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
+    pages are touched once), else new ones."""
     import numpy as np
     import torch
 
@@ -614,57 +629,71 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     if got is None:
         return None
     b, rs = got
-    n = b.shape[0]
-    if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks) or len(rs) > 8:
+    n, K = b.shape[0], len(rs)
+    band = tops is not None
+    kk = [list(ks), list(tops) if band else []]
+    if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in kk[0] + kk[1]) or K > 8:
         return None
     km = _mod()
     starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
     sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
-    los, wds, share = [], [], 0.0
-    for r, k in zip(rs, ks):
-        km.sample_hi_tau(r, b, None, starts, _SAMPLE_WIDTH, sample)
-        counts = np.bincount(sample, minlength=1 << 15)
-        wins = bucket_windows(counts, [k], n)
-        if len(wins) != 1:
+    los, wds, top_at, share = [[], []], [[], []], [], 0.0
+    for k in range(K):
+        got = _windows_of(km, rs[k], b, [kk[0][k]] + ([kk[1][k]] if band else []), n, starts, sample)
+        if got is None:
             return None
-        s, w = wins[0]
-        share += float(counts[s:s + w].sum()) / sample.size
-        los.append(s << 16)
-        wds.append(w << 16)
+        first, width, counts = got
+        share += float(counts[first[0]:first[0] + width[0]].sum()) / sample.size
+        if band:  # the top's window above the first, and everything above it, stored
+            if first[1] < first[0] + width[0]:
+                return None
+            share += float(counts[first[1]:].sum()) / sample.size
+        for j in range(1 + band):
+            los[j].append(first[j] << 16)
+            wds[j].append(width[j] << 16)
+        top_at.append(first[1] << 16 if band else 0xFFFFFFFF)
     if share > _DEFER_MOST:
         return None
-    los, wds = np.array(los, np.uint32), np.array(wds, np.uint32)
-    his = los + wds
+    lo1, wd1, top_at = np.array(los[0], np.uint32), np.array(wds[0], np.uint32), np.array(top_at, np.uint32)
+    his = lo1 + wd1
     cap = int(n * min(1.0, 1.5 * share + 0.005)) + 8 * 4096
     if buf is None:
         def buf(key, numel, dt):
             return torch.empty(numel, dtype=dt)
     pos, pat = _np(buf("defer_pos", cap, torch.int32)), _np(buf("defer_pat", cap, torch.uint8))
-    vals = _np(buf("defer_vals", cap * (len(rs) + 1), base.dtype)).reshape(len(rs) + 1, cap)
+    vals = _np(buf("defer_vals", cap * (K + 1), base.dtype)).reshape(K + 1, cap)
     e = _emit_args(base, emit)
     o, ef = _np(out).reshape(-1), _emit_flagged(b, e)
     w = np.asarray(weights, np.float64)
+    tv2 = top_at.view(np.float32) if band else None
+    tf2 = np.ones(K, np.bool_) if band else None
     DEFERRED["tried"] += 1
-    bad, nz, hist, first, ends, bo = km.topk_merge_deferred(b, rs, his.view(np.float32), los, wds, w,
-                                                            bool(consensus), bool(normalize), o, *ef, pos, pat, vals)
+    bad, nz, hist, first, ends, bo = km.topk_merge_deferred(b, rs, his.view(np.float32), lo1, wd1, top_at, tv2, tf2,
+                                                            w, bool(consensus), bool(normalize), o, *ef, pos, pat,
+                                                            vals)
     if bad or bo or (ends < 0).any():
         return None
-    K = len(rs)
-    above = np.array([int(hist[[v for v in range(256) if v >> k & 1]].sum()) for k in range(K)], np.int64)
-    thr, gt, eq, ok = km.deferred_select(vals, pat, first, ends, los, wds, np.array(ks, np.int64), above)
+    kept = [int(hist[[v for v in range(256) if v >> k & 1]].sum()) for k in range(K)]  # the pass kept, per model
+    J = K * (1 + band)
+    lo_all = np.array(los[0] + los[1], np.uint32)
+    wd_all = np.array(wds[0] + wds[1], np.uint32)
+    from_at = np.concatenate([top_at, (lo_all + wd_all)[K:]]).astype(np.uint32)  # stored, not kept: above these
+    thr, gt, eq, ok = km.deferred_select(vals, pat, first, ends, lo_all, wd_all, np.array(kk[0] + kk[1], np.int64),
+                                         np.array(kept + [0] * (J - K), np.int64), from_at)
     if not ok:
         return None
-    left = np.array(ks, np.int64) - gt
-    alls = np.array([bool(keep_ties) or int(left[k]) == int(eq[k]) for k in range(K)], np.bool_)
+    left = np.array(kk[0] + kk[1], np.int64) - gt
+    alls = np.array([(bool(keep_ties) and j < K) or int(left[j]) == int(eq[j]) for j in range(J)], np.bool_)
     thr_f = thr.view(np.float32)
-    bad2, dnz, change, bo2 = km.deferred_fix(vals, pos, first, ends, his, thr_f, alls, left, w, bool(consensus),
-                                             bool(normalize), o, *ef)
+    sec = (thr_f[K:].copy(), alls[K:].copy(), left[K:].copy()) if band else (None, None, None)
+    bad2, dnz, change, bo2 = km.deferred_fix(vals, pos, first, ends, his, top_at, thr_f[:K].copy(), alls[:K].copy(),
+                                             left[:K].copy(), *sec, w, bool(consensus), bool(normalize), o, *ef)
     if bad2:
         return None
     DEFERRED["found"] += 1
     pairs = km.pairs_of_hist(hist + change, K)
-    sels = [(float(thr_f[k]), int(gt[k]), int(eq[k])) for k in range(K)]
-    return 0, int(nz + dnz), [int(x) for x in eq], pairs, _emitted(bo2, e), sels
+    sels = [(float(thr_f[j]), int(gt[j]), int(eq[j])) for j in range(J)]
+    return 0, int(nz + dnz), [int(x) for x in eq[:K]], pairs, _emitted(bo2, e), sels, [int(x) for x in eq[K:]]
 
 
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks, emit=None):

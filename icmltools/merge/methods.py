@@ -293,7 +293,6 @@ class Breadcrumbs(_Magnitude):
     name = "breadcrumbs"
     reference = "Davari & Belilovsky, Model Breadcrumbs, ECCV 2024"
     options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA}
-    defer = False  # two thresholds per model: the scan's windowed pass
 
     def validate(self, plan):
         from icmltools.core.errors import BadInputError
@@ -328,9 +327,28 @@ class Breadcrumbs(_Magnitude):
         m = keep.mask(tau, p).logical_and_(top.mask(tau, p).logical_not_())
         return tau.masked_fill_(m.logical_not_(), 0)
 
+    def _merge_deferred(self, st, raws, base, wanted, out):
+        """merge_raw before any scan: both TopKs of each model from the thresholds the one pass found, or None."""
+        ks = [self._ks(st, i) for i in wanted]
+        got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
+                                    False, False, out, emit=st.emit, buf=lambda key, numel, dt: st.pool.get(
+                                        key, (numel,), dt), tops=[k[1] for k in ks])
+        if got is None:
+            return None
+        J = len(wanted)
+        for j, (i, k) in enumerate(zip(wanted, ks)):
+            st.topk[i] = (TopK(None, k[0], False, got[5][j], st.numel), TopK(None, k[1], False, got[5][J + j], st.numel))
+            st.topk[i][0].advance(0, got[5][j][2])
+            st.topk[i][1].advance(0, got[5][J + j][2])
+        st.count_pairs(wanted, got[3])
+        return 0, out, got[1], got[4]
+
     def merge_raw(self, st, raws, base, wanted):
         """Every model's chunk pruned to its band (kept by the first TopK, not by the top's) and summed in one
-        compiled loop, as :meth:`_Magnitude.merge_raw`; both TopKs advance by the ties they met."""
+        compiled loop, as :meth:`_Magnitude.merge_raw`; both TopKs advance by the ties they met. Before any scan
+        (:meth:`defers`): both thresholds found in the same pass."""
+        if not st.topk:
+            return self._merge_deferred(st, raws, base, wanted, st.total)
         got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
                                [st.plan.weights[i] for i in wanted], False, False, st.total, emit=st.emit,
                                tops=[st.topk[i][1].selection(0) for i in wanted])
