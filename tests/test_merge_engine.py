@@ -885,7 +885,8 @@ def test_deferred_band_merges_as_the_scan_bitwise():
 @needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
     """_window_bits, exact: bit k where model k's |tau| has float32 bits in [los[k], los[k] + wds[k]) (both signs,
-    the window's last value in, its end out) or from tops[k] on, and the count of positions marked."""
+    the window's last value in, its end out) or in its second window, the count of positions marked, and each
+    model's count from his2[k] on."""
     km = K._mod()
     lo, hi = np.uint32(0x3C000000), np.uint32(0x3C030000)  # buckets 0x3C00 .. 0x3C02
     edge = np.array([lo - 1, lo, hi - 1, hi, 0x3C010000], np.uint32).view(np.float32)
@@ -894,10 +895,13 @@ def test_window_bits_mark_the_models_inside_their_windows():
     b = -np.concatenate([[0.0], edge[1:]]).astype(np.float32)
     pp = np.zeros(5, np.uint8)
     los, wds = np.array([lo, lo], np.uint32), np.array([hi - lo, hi - lo], np.uint32)
-    c = km._window_bits(base, (a, b), los, wds, np.array([0xFFFFFFFF] * 2, np.uint32), pp)
-    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3
-    c = km._window_bits(base, (a, b), los, wds, np.array([hi, 0xFFFFFFFF], np.uint32), pp)  # a's top from hi on
-    assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4
+    none, zero = np.array([0xFFFFFFFF] * 2, np.uint32), np.zeros(2, np.uint32)
+    c, q = km._window_bits(base, (a, b), los, wds, zero, zero, none, pp)
+    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3 and q == (0, 0)
+    # a second window for a: [hi, hi + 1) (its last value hi); counted from lo on: a 3 (lo, hi - 1, hi), b 4
+    c, q = km._window_bits(base, (a, b), los, wds, np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
+                           np.array([lo, lo], np.uint32), pp)
+    assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and q == (3 + (4 << 16), 0)
 
 
 @needs_numba

@@ -2133,29 +2133,39 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 
 
 @_jit
-def _window_bits(bs, rs, los, wds, tops, pp):
+def _window_bits(bs, rs, los, wds, los2, wds2, his2, pp):
     """pp[j] = the models whose |rs[k][j] - bs[j]| lies in their window (bit k: its float32 bits u with
-    u - los[k] < wds[k], unsigned) or from tops[k] on (Breadcrumbs' top and its window; 2^32 - 1 for none) over
-    one span; the count of positions with a bit set. One loop with the models inside it (as _ties_span)."""
+    u - los[k] < wds[k], unsigned) or their second one (Breadcrumbs' top's: los2, wds2; widths 0 for none) over one
+    span of at most 2^16 elements. Returns (the count of positions with a bit set, the elements from his2[k] on
+    per model (above the top's window; 2^32 - 1 for none), packed as _ties_span's). One loop with the models
+    inside it (as _ties_span)."""
     K = len(rs)
     c = 0
+    q0 = np.uint64(0)
+    q1 = np.uint64(0)
     for j in range(bs.shape[0]):
         b = as_f32(bs, j)
         p = np.uint32(0)
         for k in range(K):
             u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
-            p |= np.uint32(((u - los[k]) < wds[k]) | (u >= tops[k])) << np.uint32(k)
+            p |= np.uint32(((u - los[k]) < wds[k]) | ((u - los2[k]) < wds2[k])) << np.uint32(k)
+            up = np.uint64(u >= his2[k])
+            if k < 4:
+                q0 += up << np.uint64(16 * k)
+            else:
+                q1 += up << np.uint64(16 * (k - 4))
         pp[j] = np.uint8(p)
         c += p != np.uint32(0)
-    return c
+    return c, (q0, q1)
 
 
 @_jit
 def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
-                    tops, tv2, tf2, pos, pat, vals, m, cap):
+                    los2, wds2, his2, ab, tv2, tf2, pos, pat, vals, m, cap):
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
     thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), then its positions with a model in its
-    window (or its top's, see _window_bits) stored from index m on
+    window (or its top's, see _window_bits; ab[k] += model k's elements above the top's window) stored from index
+    m on
     (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements). Returns (non-finite
     flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With `emit` the output
     is written block by block and out is not touched."""
@@ -2178,7 +2188,9 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         nz += z
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
-        c = _window_bits(base[s:e], rs, los, wds, tops, pp[:L])
+        c, q = _window_bits(base[s:e], rs, los, wds, los2, wds2, his2, pp[:L])
+        for k in range(K):
+            ab[k] += _unpack(q, k)
         if c == 0:
             continue
         if m + c > cap:
@@ -2199,11 +2211,13 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
 
 
 @_pjit
-def topk_merge_deferred(base, raws, tv, los, wds, tops, tv2, tf2, ws, consensus, normalize, out, oraw, sc, emit, pos,
-                        pat, vals):
+def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws, consensus, normalize, out, oraw, sc,
+                        emit, pos, pat, vals):
     """The provisional pass (see above): the pieces (one per thread) each store their entries in their share of
-    pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES). Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
-    entries, their ends (-1: a piece's share overflowed), non-finite output flag)."""
+    pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES), los2/wds2 its window,
+    his2 its end. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
+    entries, their ends (-1: a piece's share overflowed), non-finite output flag, each model's elements above
+    its top's window)."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
@@ -2217,12 +2231,13 @@ def topk_merge_deferred(base, raws, tv, los, wds, tops, tv2, tf2, ws, consensus,
     bads, nzs, bos, h4 = _piece_rows(T)
     starts = np.zeros(T, np.int64)
     ends = np.zeros(T, np.int64)
+    ab = np.zeros((T, K), np.int64)
     for p in prange(T):
         lo, hi = _piece(n, p, T, 4096)
         starts[p] = cap * p // T
         b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out,
-                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, tops, tv2, tf2, pos, pat, vals,
-                                      starts[p],
+                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, los2, wds2, his2, ab[p], tv2,
+                                      tf2, pos, pat, vals, starts[p],
                                       cap * (p + 1) // T)
         bads[p] = b
         nzs[p] = z
@@ -2230,48 +2245,66 @@ def topk_merge_deferred(base, raws, tv, los, wds, tops, tv2, tf2, ws, consensus,
         ends[p] = m
     hist = np.zeros(256, np.int64)
     _add_parts(hist, h4)
-    return bads.sum(), nzs.sum(), hist, starts, ends, bos.sum()
+    above2 = np.zeros(K, np.int64)
+    _add_parts(above2, ab)
+    return bads.sum(), nzs.sum(), hist, starts, ends, bos.sum(), above2
 
 
 @_pjit
-def deferred_select(vals, pat, starts, ends, los, wds, ks, above, tops):
-    """The k-th largest |tau| in each window j (model j % K of the K models of vals; Breadcrumbs: a second window
-    per model, its top's, from j = K on) from the stored entries with the model's bit and the count above the
-    window: above[j] plus the entries from tops[j] on (the count the pass did not keep: Breadcrumbs' top above a
-    first window, anything above a top's window; 2^32 - 1 for none). The windows in parallel: (threshold bits,
-    elements above it, elements equal to it, whether every k was inside its window)."""
+def deferred_select(vals, pat, starts, ends, los, wds, ks, above):
+    """The k-th largest |tau| in each window j from the stored entries with its model's bit (model j % K of the
+    K models of vals; Breadcrumbs: a second window per model, its top's, from j = K on, above the first) and the
+    count above the window: above[j], plus for a first window the entries in the model's second one. The models
+    in parallel, one pass over the entries each: (threshold bits, elements above it, elements equal to it,
+    whether every k was inside its window)."""
     J = los.shape[0]
     K = vals.shape[0] - 1
     thr = np.zeros(J, np.uint32)
     gt = np.zeros(J, np.int64)
     eq = np.zeros(J, np.int64)
     found = np.zeros(J, np.bool_)
-    for j in prange(J):
-        W = np.int64(wds[j])
+    for k in prange(K):
+        band = J > K
+        W = np.int64(wds[k])
+        W2 = np.int64(wds[K + k]) if band else np.int64(1)
         h = np.zeros(W, np.int32)
-        bit = np.uint8(1 << (j % K))
-        up = above[j]
+        h2 = np.zeros(W2, np.int32)
+        lo2 = los[K + k] if band else np.uint32(0)
+        wd2 = wds[K + k] if band else np.uint32(0)
+        in2 = 0
+        bit = np.uint8(1 << k)
         for p in range(starts.shape[0]):
             for e in range(starts[p], ends[p]):
                 if pat[e] & bit:
-                    u = _f32_as_u32(abs(as_f32(vals[1 + j % K], e) - as_f32(vals[0], e)))
-                    d = u - los[j]
-                    if d < wds[j]:
+                    u = _f32_as_u32(abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)))
+                    d = u - los[k]
+                    d2 = u - lo2
+                    if d < wds[k]:
                         h[d] += 1
-                    up += u >= tops[j]
-        need = ks[j] - up
-        c = 0
-        for d in range(W - 1, -1, -1):
-            if need <= 0:
-                break
-            if c + h[d] >= need:
-                thr[j] = los[j] + np.uint32(d)
-                gt[j] = up + c
-                eq[j] = h[d]
-                found[j] = True
-                break
-            c += h[d]
+                    elif d2 < wd2:
+                        h2[d2] += 1
+                        in2 += 1
+        _walk(h, ks[k] - above[k] - in2, above[k] + in2, los[k], k, thr, gt, eq, found)
+        if band:
+            _walk(h2, ks[K + k] - above[K + k], above[K + k], lo2, K + k, thr, gt, eq, found)
     return thr, gt, eq, found.all()
+
+
+@_jit
+def _walk(h, need, up, lo, j, thr, gt, eq, found):
+    """The need-th largest of a window's histogram h (first bit pattern lo; `up` elements above the window) into
+    slot j of thr, gt, eq and found (left False where need <= 0 or the window holds fewer)."""
+    c = 0
+    for d in range(h.shape[0] - 1, -1, -1):
+        if need <= 0:
+            return
+        if c + h[d] >= need:
+            thr[j] = lo + np.uint32(d)
+            gt[j] = up + c
+            eq[j] = h[d]
+            found[j] = True
+            return
+        c += h[d]
 
 
 @_pjit

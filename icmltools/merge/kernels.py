@@ -644,10 +644,10 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
             return None
         first, width, counts = got
         share += float(counts[first[0]:first[0] + width[0]].sum()) / sample.size
-        if band:  # the top's window above the first, and everything above it, stored
+        if band:  # the top's window above the first (the elements above it are only counted)
             if first[1] < first[0] + width[0]:
                 return None
-            share += float(counts[first[1]:].sum()) / sample.size
+            share += float(counts[first[1]:first[1] + width[1]].sum()) / sample.size
         for j in range(1 + band):
             los[j].append(first[j] << 16)
             wds[j].append(width[j] << 16)
@@ -667,19 +667,21 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     w = np.asarray(weights, np.float64)
     tv2 = top_at.view(np.float32) if band else None
     tf2 = np.ones(K, np.bool_) if band else None
+    lo2 = np.array(los[1] if band else [0] * K, np.uint32)
+    wd2 = np.array(wds[1] if band else [0] * K, np.uint32)
+    his2 = lo2 + wd2 if band else np.full(K, 0xFFFFFFFF, np.uint32)
     DEFERRED["tried"] += 1
-    bad, nz, hist, first, ends, bo = km.topk_merge_deferred(b, rs, his.view(np.float32), lo1, wd1, top_at, tv2, tf2,
-                                                            w, bool(consensus), bool(normalize), o, *ef, pos, pat,
-                                                            vals)
+    bad, nz, hist, first, ends, bo, above2 = km.topk_merge_deferred(b, rs, his.view(np.float32), lo1, wd1, lo2, wd2,
+                                                                    his2, tv2, tf2, w, bool(consensus),
+                                                                    bool(normalize), o, *ef, pos, pat, vals)
     if bad or bo or (ends < 0).any():
         return None
-    kept = [int(hist[[v for v in range(256) if v >> k & 1]].sum()) for k in range(K)]  # the pass kept, per model
+    kept = hist[[[v for v in range(256) if v >> k & 1] for k in range(K)]].sum(axis=1)  # the pass kept, per model
     J = K * (1 + band)
-    lo_all = np.array(los[0] + los[1], np.uint32)
-    wd_all = np.array(wds[0] + wds[1], np.uint32)
-    from_at = np.concatenate([top_at, (lo_all + wd_all)[K:]]).astype(np.uint32)  # stored, not kept: above these
-    thr, gt, eq, ok = km.deferred_select(vals, pat, first, ends, lo_all, wd_all, np.array(kk[0] + kk[1], np.int64),
-                                         np.array(kept + [0] * (J - K), np.int64), from_at)
+    above = np.concatenate([kept + above2, above2[:J - K]]).astype(np.int64)  # the select adds the top's window
+    thr, gt, eq, ok = km.deferred_select(vals, pat, first, ends, np.array(los[0] + los[1], np.uint32),
+                                         np.array(wds[0] + wds[1], np.uint32), np.array(kk[0] + kk[1], np.int64),
+                                         above)
     if not ok:
         return None
     left = np.array(kk[0] + kk[1], np.int64) - gt
