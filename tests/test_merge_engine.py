@@ -939,12 +939,13 @@ def test_deferred_thresholds_decline_what_they_cannot_place():
 @pytest.mark.parametrize("name", ["magnitude", "ties", "breadcrumbs"])
 def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, name):
     """The engine merges a tensor of at least DEFER_MIN elements in one chunk with the thresholds found in the
-    pass (no scan; Breadcrumbs: both of each model's), a small one by scan then merge, and a tensor whose deferral
-    is declined by scan then merge again: the written file and every figure of the summary equal the scan's path
-    (deferral off)."""
+    pass (no scan; Breadcrumbs: both of each model's), a small one or a float16 one by scan then merge, and a
+    tensor whose deferral is declined by scan then merge again: the written file and every figure of the summary
+    equal the scan's path (deferral off)."""
     n, b, raws = _deferred_inputs(3, torch.bfloat16)
-    base = {"big": b, "small": b[:5000].clone()}
-    models = [{"big": r, "small": r[:5000].clone()} for r in raws]
+    half = slice(0, K.DEFER_MIN)  # float16: not a dtype of the one-pass loops, never deferred (chunked)
+    base = {"big": b, "small": b[:5000].clone(), "half": b[half].half()}
+    models = [{"big": r, "small": r[:5000].clone(), "half": r[half].half()} for r in raws]
     plan = E.make_plan(name, 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.45])
     with monkeypatch.context() as mp:
         mp.setattr(K, "DEFER_MIN", 1 << 62)
@@ -963,6 +964,10 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
         assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
     again[1].pop("seconds"), again[1].pop("read_gb_per_s")
     assert again[0] == want[0] and again[1] == want[1]
+    chunked = E.make_plan(name, 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.45], chunk_elems=1 << 20)
+    spans = {nm: [c[:2] for c in chunks] for nm, _, chunks in
+             E.iter_merged(MemoryReader(base), [MemoryReader(m) for m in models], chunked, list(base))}
+    assert spans["big"] == [(0, n)] and len(spans["half"]) == 2  # deferred: one chunk; float16: chunked
 
 
 @needs_numba

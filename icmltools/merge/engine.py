@@ -936,7 +936,9 @@ def _tensor_chunks(run: _Run, spec):
     witness = m.witness if (m.witness and plan.dare_p == 0 and not m.scans) else None
     diag, kept = _Diagnosis(), 0
     one_pass = m.one_pass and wanted and len(wanted) <= K.MAX_ONE_PASS and plan.dare_p == 0 and run.device == "cpu"
-    deferred = bool(one_pass and m.scans and m.defers(st))  # the scan's result found in the pass: one chunk
+    # the scan's result found in the pass (one chunk), where the one-pass loops take these dtypes
+    deferred = bool(one_pass and m.scans and spec.dtype in (torch.bfloat16, torch.float32) and m.defers(st)
+                    and all(run.models[i].specs[name].dtype == spec.dtype for i in wanted))
     spans = [(0, spec.numel)] if deferred else list(_chunks(spec.numel, plan))
     whole = len(spans) == 1
     fused = m.scans and whole and not one_pass  # a one-pass method scans first, then reads each chunk once

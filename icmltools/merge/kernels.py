@@ -617,7 +617,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     merges with what lies above the windows and stores the positions where a model's |tau| lies in its window,
     then those are merged again with the exact thresholds. With `tops` (Breadcrumbs, consensus False), each
     model's tops[k] largest are dropped as well (its second TopK): a second window per model, above the first,
-    and the elements above it stored too. Bitwise topk_merge_raw with the scan's selections. Its results (with
+    its elements stored too and those above it counted. Bitwise topk_merge_raw with the scan's selections. Its results (with
     each model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside
     its window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
     decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
