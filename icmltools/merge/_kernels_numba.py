@@ -2124,12 +2124,13 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 
 
 # --------------------------------------------------------------------------------------------- top-k, thresholds deferred
-# Magnitude and TIES without the scan's pass over every model: a sample names a window of |tau| each model's
-# k-th largest falls in (kernels.bucket_windows); the one pass merges with each model keeping what lies above
-# its window (provisional) and stores every position where some model's |tau| lies in its window (the base's and
-# every model's raw element there); the stored elements and the count above each window give the exact
-# threshold (the same radix select), and the stored positions are merged again with it, through
-# _combine_block (the fused loop's float32 operations in its order: bitwise the two-pass merge).
+# Magnitude, TIES and breadcrumbs without the scan's pass over every model: a sample names a window of |tau| each
+# model's k-th largest falls in (kernels.bucket_windows; breadcrumbs: a second one for its top); the one pass
+# merges with each model keeping what lies above its window (breadcrumbs: and below its top's) and stores every
+# position where some model's |tau| lies in a window (the base's and every model's raw element there); the stored
+# elements and the counts above the windows give the exact thresholds (the same radix select), and the stored
+# positions are merged again with them, through _combine_block (the fused loop's float32 operations in its
+# order: bitwise the two-pass merge).
 
 
 @_jit
@@ -2165,10 +2166,9 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
     thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), then its positions with a model in its
     window (or its top's, see _window_bits; ab[k] += model k's elements above the top's window) stored from index
-    m on
-    (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements). Returns (non-finite
-    flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With `emit` the output
-    is written block by block and out is not touched."""
+    m on (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements).
+    Returns (non-finite flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With
+    `emit` the output is written block by block and out is not touched."""
     K = len(raws)
     pt = np.empty(_BLOCK, np.uint8)
     pp = np.empty(_BLOCK, np.uint8)
@@ -2188,18 +2188,18 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         nz += z
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
-        c, q = _window_bits(base[s:e], rs, los, wds, los2, wds2, his2, pp[:L])
+        c, packed = _window_bits(base[s:e], rs, los, wds, los2, wds2, his2, pp[:L])
         for k in range(K):
-            ab[k] += _unpack(q, k)
+            ab[k] += _unpack(packed, k)
         if c == 0:
             continue
         if m + c > cap:
             return bad, nz, bo, -1
-        q = 0
+        hits = 0
         for j in range(L):  # the positions in a window, branch-free
-            idx[q] = j
-            q += pp[j] != np.uint8(0)
-        for i in range(q):
+            idx[hits] = j
+            hits += pp[j] != np.uint8(0)
+        for i in range(hits):
             j = idx[i]
             pos[m] = s + j
             pat[m] = pp[j]
