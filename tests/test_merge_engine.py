@@ -812,12 +812,13 @@ def _scanned(raws, base, ks, keep_ties):
 
 @needs_numba
 @pytest.mark.parametrize("dtype,k_models", [(torch.bfloat16, 3), (torch.float32, 2)])
-def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models):
+def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models, monkeypatch):
     """topk_merge_deferred (no scan: the thresholds found in the merge's pass, the stored window elements merged
     again) gives the scan-then-merge loop's result bitwise: the merged chunk or the output written as it goes,
     nonzeros, ties met, kept pairs, the non-finite output flag; with a quota that splits the ties at a threshold,
     every tie kept (trim=keep_ties), magnitude and TIES, equal and unequal densities and weights."""
     n, base, raws = _deferred_inputs(k_models, dtype)
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)  # the pass in 8 segments (entries: positions made the tensor's)
     split = 0
     for consensus in (False, True):
         for keep in (False, True):
@@ -833,7 +834,10 @@ def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models):
                         e1, e2 = ((torch.empty(n, dtype=dtype), *emit) for _ in range(2))
                     want = K.topk_merge_raw(base, raws, sels, ws, consensus, True, o1, emit=e1)
                     before = dict(K.DEFERRED)
-                    got = K.topk_merge_deferred(base, raws, ks, keep, ws, consensus, True, o2, emit=e2)
+                    released = []
+                    got = K.topk_merge_deferred(base, raws, ks, keep, ws, consensus, True, o2, emit=e2,
+                                                release=lambda a, b, r=released: r.append((a, b)))
+                    assert released == [(a, min(n, a + 300_001)) for a in range(0, n, 300_001)]
                     case = (consensus, keep, dens, emit)
                     assert got is not None and K.DEFERRED["found"] == before["found"] + 1, case
                     if emit:
@@ -943,6 +947,7 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
     tensor whose deferral is declined by scan then merge again: the written file and every figure of the summary
     equal the scan's path (deferral off)."""
     n, b, raws = _deferred_inputs(3, torch.bfloat16)
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
     half = slice(0, K.DEFER_MIN)  # float16: not a dtype of the one-pass loops, never deferred (chunked)
     base = {"big": b, "small": b[:5000].clone(), "half": b[half].half()}
     models = [{"big": r, "small": r[:5000].clone(), "half": r[half].half()} for r in raws]

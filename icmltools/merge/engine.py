@@ -483,6 +483,7 @@ class TensorState:
         self._bits = None
         self._gens: dict = {}
         self.emit = None  # (output chunk, lambda, sign) for a one-pass loop that writes the output itself
+        self.release = None  # (a, b) -> drop the inputs' mapped pages of [a, b) of the chunk (a one-pass loop's)
         self.tracking = tracking and self.n <= 63
 
     def buf(self, key: str, dtype=None, numel: int | None = None):
@@ -910,8 +911,10 @@ def _one_pass(run: _Run, st: TensorState, spec, a: int, b: int, raw_b, wanted, w
     raws = [_read(run, run.models[i], spec.name, spec, a, b, f"raw_cand{k}", whole, read_only=True)
             for k, i in enumerate(wanted)]  # views: no buffer per model (a reader without views: one chunk each)
     st.emit = run.out.target(a, b) if run.out is not None else None
+    readers = [run.base] + [run.models[i] for i in wanted]
+    st.release = lambda a0, b0: [r.release_range(spec.name, a + a0, a + b0) for r in readers]  # pages of views
     got = run.plan.method.merge_raw(st, raws, raw_b, wanted)
-    st.emit = None
+    st.emit = st.release = None
     if got is None or got[0]:
         return None
     if got[3] is not None:

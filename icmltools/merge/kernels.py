@@ -593,6 +593,7 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
 
 DEFER_MIN = 1 << 21  # smaller tensors: the scan's two passes are short, no deferred thresholds
 DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thresholds held (the rest: scanned, again)
+_DEFER_SEGMENT = 1 << 22  # the deferred pass's segment (elements): the inputs' pages are released after each
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
 
 
@@ -609,8 +610,32 @@ def _windows_of(km, r, b, ks, n: int, starts, sample):
     return [w[0][0] for w in wins], [w[0][1] for w in wins], counts
 
 
+def _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, release):
+    """topk_merge_deferred's pass, segment by segment ([a, b) of `segs`, entries in `caps[i]` slots each), `release`
+    called after each: (nonzeros, kept-bits histogram, counts above the tops' windows, the entries' regions
+    (first, end)), or None (a non-finite element or output, a segment's entries overflowing)."""
+    import numpy as np
+
+    fill, nz, hist, above2, first, ends = 0, 0, np.zeros(256, np.int64), 0, [], []
+    for (a, bb), c in zip(segs, caps):
+        oraw = ef[0][a:bb] if ef[2] else ef[0]
+        got = km.topk_merge_deferred(b[a:bb], tuple(r[a:bb] for r in rs), *args, o[a:bb], oraw, ef[1], ef[2],
+                                     pos[fill:fill + c], pat[fill:fill + c], vals[:, fill:fill + c])
+        if release is not None:
+            release(a, bb)
+        if got[0] or got[5] or (got[4] < 0).any():
+            return None
+        nz, hist, above2 = nz + got[1], hist + got[2], above2 + got[6]
+        for p0, p1 in zip(got[3], got[4]):
+            pos[fill + p0:fill + p1] += a  # the segment's positions, made the tensor's
+            first.append(fill + p0)
+            ends.append(fill + p1)
+        fill += c
+    return nz, hist, above2, np.array(first, np.int64), np.array(ends, np.int64)
+
+
 def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: bool, normalize: bool, out, emit=None,
-                        buf=None, tops=None):
+                        buf=None, tops=None, release=None):
     """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
     index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
     thresholds deferred"): a sample names the window of |tau| each threshold lies in (bucket_windows), the pass
@@ -621,7 +646,9 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     each model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside
     its window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
     decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
-    pages are touched once), else new ones."""
+    pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), calling
+    `release(a, b)` after each (the engine drops the inputs' mapped pages there: memory independent of the model
+    count)."""
     import numpy as np
     import torch
 
@@ -656,7 +683,9 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
         return None
     lo1, wd1, top_at = np.array(los[0], np.uint32), np.array(wds[0], np.uint32), np.array(top_at, np.uint32)
     his = lo1 + wd1
-    cap = int(n * min(1.0, 1.5 * share + 0.005)) + 8 * 4096
+    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
+    caps = [int((bb - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, bb in segs]
+    cap = sum(caps)
     if buf is None:
         def buf(key, numel, dt):
             return torch.empty(numel, dtype=dt)
@@ -671,11 +700,11 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     wd2 = np.array(wds[1] if band else [0] * K, np.uint32)
     his2 = lo2 + wd2 if band else np.full(K, 0xFFFFFFFF, np.uint32)
     DEFERRED["tried"] += 1
-    bad, nz, hist, first, ends, bo, above2 = km.topk_merge_deferred(b, rs, his.view(np.float32), lo1, wd1, lo2, wd2,
-                                                                    his2, tv2, tf2, w, bool(consensus),
-                                                                    bool(normalize), o, *ef, pos, pat, vals)
-    if bad or bo or (ends < 0).any():
+    args = (his.view(np.float32), lo1, wd1, lo2, wd2, his2, tv2, tf2, w, bool(consensus), bool(normalize))
+    got = _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, release)
+    if got is None:
         return None
+    nz, hist, above2, first, ends = got
     kept = hist[[[v for v in range(256) if v >> k & 1] for k in range(K)]].sum(axis=1)  # the pass kept, per model
     J = K * (1 + band)
     above = np.concatenate([kept + above2, above2[:J - K]]).astype(np.int64)  # the select adds the top's window

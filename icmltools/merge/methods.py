@@ -188,7 +188,7 @@ class _Magnitude(Weighted):
         ks = [self._k(st, i) for i in wanted]
         got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus,
                                     bool(st.plan.options.get("normalize")), out, emit=st.emit,
-                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt))
+                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
         if got is None:
             return None
         for i, k, sel in zip(wanted, ks, got[5]):
@@ -332,7 +332,7 @@ class Breadcrumbs(_Magnitude):
         ks = [self._ks(st, i) for i in wanted]
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
                                     False, False, out, emit=st.emit, buf=lambda key, numel, dt: st.pool.get(
-                                        key, (numel,), dt), tops=[k[1] for k in ks])
+                                        key, (numel,), dt), tops=[k[1] for k in ks], release=st.release)
         if got is None:
             return None
         J = len(wanted)
