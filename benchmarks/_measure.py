@@ -61,3 +61,16 @@ def reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def best_of(fn, repeat: int) -> float:
+    """Seconds of fn()'s fastest of `repeat` timed calls, after one untimed call (compiled, caches warm)."""
+    import time
+
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
+
+from _measure import best_of  # benchmarks/_measure.py
 
 
 def _chunk(args):
@@ -101,13 +102,7 @@ def main(argv=None) -> int:
     }
     res = {}
     for name, fn in rows.items():
-        fn()  # compiled and warm
-        times = []
-        for _ in range(args.repeat):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        s = min(times)
+        s = best_of(fn, args.repeat)
         res[name] = {"seconds": round(s, 6), "ns_per_model_element": round(s / (k * n) * 1e9, 4)}
     floor = res["task_arithmetic_loop"]["seconds"]
     for r in res.values():

@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from functools import partial
+
+from _measure import best_of  # benchmarks/_measure.py
 
 
 def _tensors(args):
@@ -75,13 +76,7 @@ def main(argv=None) -> int:
     window_min = K.WINDOW_MIN
 
     def best(fn):
-        fn()  # compiled and warm
-        times = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return min(times)
+        return best_of(fn, args.repeat)
 
     rows = []
     for name, raw, base in tensors:
