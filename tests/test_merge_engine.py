@@ -890,7 +890,7 @@ def test_deferred_band_merges_as_the_scan_bitwise():
 def test_window_bits_mark_the_models_inside_their_windows():
     """_window_bits, exact: bit k where model k's |tau| has float32 bits in [los[k], los[k] + wds[k]) (both signs,
     the window's last value in, its end out) or in its second window, the count of positions marked, and each
-    model's count from his2[k] on."""
+    model's count from his2[k] on; the fused loop's own marks (the first windows) the same."""
     km = K._mod()
     lo, hi = np.uint32(0x3C000000), np.uint32(0x3C030000)  # buckets 0x3C00 .. 0x3C02
     edge = np.array([lo - 1, lo, hi - 1, hi, 0x3C010000], np.uint32).view(np.float32)
@@ -906,6 +906,23 @@ def test_window_bits_mark_the_models_inside_their_windows():
     c, q = km._window_bits(base, (a, b), los, wds, np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
                            np.array([lo, lo], np.uint32), pp)
     assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and q == (3 + (4 << 16), 0)
+    # the fused loop marking the (first) windows itself (magnitude, TIES): the same bits and count, the merge as
+    # without them
+    import numba
+
+    @numba.njit
+    def fused(bs, rs, wl, ww, pw, o, pt):
+        tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.zeros(2, np.bool_), np.ones(2, np.float32)
+        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, None, None, wl, ww, pw)
+
+    for marked in (np.zeros(5, np.uint8), np.full(5, 255, np.uint8)):
+        o, pt, o2, pt2 = np.empty(5, np.float32), np.empty(5, np.uint8), np.empty(5, np.float32), np.empty(5, np.uint8)
+        got = fused(base, (a, b), los, wds, marked, o, pt)
+        assert marked.tolist() == [0, 3, 3, 0, 2] and got[4] == 3
+        assert fused(base, (a, b), None, None, None, o2, pt2)[4] == 0
+        assert got[:4] == fused(base, (a, b), None, None, None, o2, pt2)[:4]
+        assert np.array_equal(o.view(np.uint32), o2.view(np.uint32)) and np.array_equal(pt, pt2)
+        assert pt.tolist() == [0, 0, 0, 3, 0]  # kept: |tau| above the window's last value (hi - 1)
 
 
 @needs_numba
@@ -1070,7 +1087,7 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
 
     @numba.njit
     def fused(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):
-        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2)
+        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, None, None, None)
 
     rng = np.random.default_rng(k + 10 * dare + 100 * band)
     n = 3000
