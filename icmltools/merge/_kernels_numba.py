@@ -2212,7 +2212,8 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
     thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), then its positions with a model in its
     window (marked by the fused loop itself for magnitude and TIES; Breadcrumbs' two windows by _window_bits
-    after it, ab[k] += model k's elements above the top's window) stored from index m on (pos, pat: the models in their windows, vals: rows of the base's then each model's raw elements).
+    after it, ab[k] += model k's elements above the top's window) stored from index m on (pos, pat: the models
+    in their windows, vals: rows of the base's then each model's raw elements).
     Returns (non-finite flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With
     `emit` the output is written block by block and out is not touched."""
     K = len(raws)
