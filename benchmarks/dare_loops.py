@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if (args.base is None) != (args.models is None):
         ap.error("--base and --models go together")
+    if not 0.0 < args.density <= 1.0:
+        ap.error("--density must be in (0, 1]")
 
     import numpy as np
     import torch
@@ -75,9 +77,10 @@ def main(argv=None) -> int:
     b, rs = K._one_pass(base, raws)
     p = 1.0 - args.density
     out, oe = torch.empty(n), torch.empty(n, dtype=torch.bfloat16)
-    emit = K._emit_flagged(b, K._emit_args(base, (oe, 1.0, 1)))
+    ea = K._emit_args(base, (oe, 1.0, 1))  # the output written, as a merge does
+    emit = K._emit_flagged(b, ea)
     ws = np.ones(k)
-    ds = np.full(k, np.float32(args.density), np.float64)
+    ds = np.full(k, np.float32(1.0 - p), np.float64)  # the divisor as kernels.dare_merge_raw makes it
     thrs = np.full(k, K._dare_thr(p), np.int64)
     streams = [K.mt_stream(args.seed + i) for i in range(k)]
     mts = np.stack([s.mt for s in streams])
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
         return lambda: km.dare_merge_raw(b, rs, masks, ds, ws, consensus, True, out.numpy(), *emit)
 
     rows = {
-        "task_arithmetic_loop": lambda: km.sum_raw(b, rs, ws, out.numpy(), 0, *K._emit_args(base, (oe, 1.0, 1))),
+        "task_arithmetic_loop": lambda: km.sum_raw(b, rs, ws, out.numpy(), 0, *ea),
         "dare_loop": combine(False),
         "dare_ties_loop": combine(True),
         "dare_masks": draw,
