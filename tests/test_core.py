@@ -270,6 +270,41 @@ def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole(
     assert out.stdout.split() == ["3", "True", "False", "False", "5.0", "6.0"]
 
 
+def test_numba_loads_cached_loops_without_its_registries_and_compiles_as_before():
+    """A cached compiled loop loads without numba's registry refresh (numba.np.npyimpl, one of the modules it
+    imports, stays unloaded), a later compile in the same process still works (it refreshes itself), and a lean
+    load that raises falls back to numba's own load (the refresh runs, the result is the same)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    probe = ("import sys, torch\n"
+             "from icmltools.merge import kernels as K; print(K.count_nonzero(torch.tensor([0.0, 2.0, -1.0])))\n"
+             "print(sum(K._mod().count_nonzero.stats.cache_hits.values()), 'numba.np.npyimpl' in sys.modules)\n")
+    later = ("import numba, numpy as np\n"
+             "f = numba.njit(lambda a: np.sqrt(a * a).sum()); print(f(np.full(4, -2.0)), 'numba.np.npyimpl' in sys.modules)")
+    raising = ("from numba.core.runtime import rtsys\n"
+               "own, calls = rtsys.initialize, []\n"
+               "def once(ctx):\n"
+               "    calls.append(1)\n"
+               "    if len(calls) == 1:\n"
+               "        raise RuntimeError('lean load refused')\n"
+               "    return own(ctx)\n"
+               "rtsys.initialize = once\n")
+
+    def run(code):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    run(probe)  # compiles and caches the loop if this checkout has not yet
+    got = run(probe + later)
+    if got[1] == "0":
+        pytest.skip("numba could not cache the loop here (no cache hit to load)")
+    assert got == ["2", "1", "False", "8.0", "True"]
+    assert run("import numba.core.runtime\n" + raising + probe) == ["2", "1", "True"]
+
+
 def test_a_swallowed_ctrl_c_still_ends_the_command_as_interrupted(tmp_path):
     """A library that catches the KeyboardInterrupt of a Ctrl-C and goes on (a callback from C does: PySCIPOpt's
     printed it and SCIP's teardown went on, seen 2026-12-02) must not let the command finish as if none had

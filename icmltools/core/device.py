@@ -117,11 +117,12 @@ def set_threads(n: int | None) -> int | None:
 
 
 def load_numba():
-    """Import numba for a module of compiled loops, without its BLAS probe's import of scipy.linalg.
+    """Import numba for a module of compiled loops, without its BLAS probe's import of scipy.linalg, and with
+    its cached loops loaded without the registries (:func:`_cache_loads_without_refresh`).
 
-    numba's first compile, or first load from its cache, imports its NumPy registries; one of them probes for
-    BLAS by importing scipy.linalg, 0.1-0.3 s of a merge's 1-2 s here, for np.correlate/np.convolve, which our
-    loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those two would
+    numba's first compile (its own first load from its cache too) imports its NumPy registries; one of them
+    probes for BLAS by importing scipy.linalg, 0.1-0.3 s of a merge's 1-2 s here, for np.correlate/np.convolve,
+    which our loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those two would
     use numba's own loop); np.dot and np.linalg check for BLAS again when a loop using them is compiled, and
     scipy.linalg imports as usual afterwards. Nothing is hidden when scipy.linalg is already loaded (the probe
     is then free). Call it from the thread that loads the kernels, before any other thread may import
@@ -138,7 +139,38 @@ def load_numba():
         finally:
             if sys.modules.get("scipy.linalg", 0) is None:
                 del sys.modules["scipy.linalg"]
+    _cache_loads_without_refresh()
     return numba
+
+
+def _cache_loads_without_refresh() -> None:
+    """Let numba load a cached compiled function without first refreshing its whole target context.
+
+    numba 0.68's `Cache.load_overload` refreshes the context before every load: the first time in a process it
+    imports its typing and lowering registries (some 40 modules: 0.12-0.14 s of a merge's first compiled call
+    here, 0.16 -> 0.03 s), which only compiling uses; a compile refreshes the context itself (CompilerBase), and
+    a lowering lookup that misses does too. Loading machine code needs only numba's runtime (NRT: the loops
+    allocate), so a load here initialises that alone; if such a load raises, numba's own load (refresh first)
+    runs instead. A numba without the two methods this calls keeps its own load."""
+    from numba.core import caching
+    from numba.core.runtime import rtsys
+
+    cls = caching.Cache
+    own = cls.load_overload
+    if getattr(own, "_lean", False) or not all(hasattr(cls, a) for a in ("_load_overload",
+                                                                        "_guard_against_spurious_io_errors")):
+        return
+
+    def load_overload(self, sig, target_context):
+        try:
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception:  # numba's own way: the context refreshed, then the load (its errors are its own)
+            return own(self, sig, target_context)
+
+    load_overload._lean = True
+    cls.load_overload = load_overload
 
 
 def numba_threads() -> None:
