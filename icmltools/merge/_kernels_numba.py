@@ -2321,9 +2321,12 @@ def deferred_select(vals, pat, starts, ends, los, wds, ks, above):
         in2 = 0
         bit = np.uint8(1 << k)
         for p in range(starts.shape[0]):
-            for e in range(starts[p], ends[p]):
-                if pat[e] & bit:
-                    u = _f32_as_u32(abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)))
+            xs = vals[1 + k, starts[p]:ends[p]]
+            bs = vals[0, starts[p]:ends[p]]
+            ps = pat[starts[p]:ends[p]]
+            for e in range(ps.shape[0]):
+                if ps[e] & bit:
+                    u = _f32_as_u32(abs(as_f32(xs, e) - as_f32(bs, e)))
                     d = u - los[k]
                     d2 = u - lo2
                     if d < wds[k]:
@@ -2402,7 +2405,7 @@ def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, all
             L = min(ends[p], s + _BLOCK) - s
             _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
             if thr2 is not None:
-                _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2)
+                _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2, ch)
             _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
             b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
             bads[p] += b2
@@ -2418,11 +2421,14 @@ def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, all
 @_jit
 def _entry_ties(vals, a, b, tv, alls, out):
     """out[k] = the entries [a, b) whose |tau| of model k equals tv[k], for the models that keep some ties only."""
+    bs = vals[0, a:b]
     for k in range(tv.shape[0]):
         if not alls[k]:
+            xs = vals[1 + k, a:b]
+            t = tv[k]
             c = 0
-            for e in range(a, b):
-                c += abs(as_f32(vals[1 + k], e) - as_f32(vals[0], e)) == tv[k]
+            for i in range(b - a):  # over slices from 0: vectorised (a range(a, b) over the rows was not)
+                c += abs(as_f32(xs, i) - as_f32(bs, i)) == t
             out[k] = c
 
 
@@ -2442,6 +2448,7 @@ def _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch):
         top = tops[k]
         t = tv[k]
         al = alls[k]
+        nt = 0
         for i in range(L):  # vectorised: every tie kept where al, else none (the quota below)
             x = as_f32(xs, i) - as_f32(bs, i)
             a = abs(x)
@@ -2451,35 +2458,61 @@ def _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch):
             tb[k, i] = x if old else zero
             tb2[k, i] = x if keep else zero
             ch[i] |= np.uint8(keep != old)
+            nt += a == t
         if not al:  # the first lefts[k] ties in position order
-            for i in range(L):
-                x = as_f32(xs, i) - as_f32(bs, i)
-                if abs(x) == t:
-                    if seen[k] < lefts[k]:
-                        tb2[k, i] = x
-                        ch[i] = np.uint8(1)
-                    seen[k] += 1
+            _quota_ties(xs, bs, L, t, lefts[k] - seen[k], nt, tb2[k], ch, True)
+            seen[k] += nt
 
 
 @_jit
-def _entry_top(vals, s, L, tv2, alls2, lefts2, seen2, tb2):
+def _entry_top(vals, s, L, tv2, alls2, lefts2, seen2, tb2, ch):
     """Breadcrumbs: tb2[k] = 0 where model k's top keeps the entry (|tau| > tv2[k], or a tie: every one where
-    alls2[k], else the first lefts2[k] - seen2[k]; seen2 advances)."""
+    alls2[k], else the first lefts2[k] - seen2[k]; seen2 advances). ch (_entry_rows' changed marks) is left as
+    it is."""
     zero = np.float32(0.0)
     bs = vals[0, s:s + L]
     for k in range(tv2.shape[0]):
         xs = vals[1 + k, s:s + L]
         t = tv2[k]
         al = alls2[k]
+        nt = 0
         for i in range(L):
             a = abs(as_f32(xs, i) - as_f32(bs, i))
             tb2[k, i] = zero if (a > t) | (al & (a == t)) else tb2[k, i]
+            nt += a == t
         if not al:
-            for i in range(L):
-                if abs(as_f32(xs, i) - as_f32(bs, i)) == t:
-                    if seen2[k] < lefts2[k]:
-                        tb2[k, i] = zero
-                    seen2[k] += 1
+            _quota_ties(xs, bs, L, t, lefts2[k] - seen2[k], nt, tb2[k], ch, False)
+            seen2[k] += nt
+
+
+@_jit
+def _quota_ties(xs, bs, L, t, left, nt, row, ch, keep):
+    """The first `left` of the nt entries i < L whose |xs[i] - bs[i]| equals t, in order: row[i] = that tau and
+    ch[i] = 1 (`keep`), or row[i] = 0 (not `keep`: Breadcrumbs' top drops them; ch unused). Every one of them
+    (nt <= left) in one vectorised loop, none (left <= 0) without a loop, else the one block where the quota
+    runs out entry by entry."""
+    if nt == 0 or left <= 0:
+        return
+    zero = np.float32(0.0)
+    if nt <= left:
+        for i in range(L):
+            x = as_f32(xs, i) - as_f32(bs, i)
+            tie = abs(x) == t
+            if keep:
+                row[i] = x if tie else row[i]
+                ch[i] |= np.uint8(tie)
+            else:
+                row[i] = zero if tie else row[i]
+        return
+    c = 0
+    for i in range(L):
+        x = as_f32(xs, i) - as_f32(bs, i)
+        if abs(x) == t:
+            if c < left:
+                row[i] = x if keep else zero
+                if keep:
+                    ch[i] = np.uint8(1)
+            c += 1
 
 
 @_jit
