@@ -1071,6 +1071,32 @@ def test_without_numba_the_torch_path_runs(tmp_path, monkeypatch):
 
 
 @needs_numba
+def test_kept_bits_are_counted_exactly_by_nibbles_and_by_histograms():
+    """_count_bytes (the kept-model bits behind every overlap matrix) equals np.bincount: bytes below 16 through
+    the word-wise nibble count (lengths around its 8-byte words and 255-word runs, unaligned starts, a run of one
+    value), others through the four histograms; rows added to, not overwritten."""
+    import numpy as np
+
+    from icmltools.merge import _kernels_numba as km
+
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 7, 8, 9, 255 * 8 - 1, 255 * 8, 255 * 8 + 3, 4096, 70001):
+        for top in (1, 2, 16, 17, 256):
+            for off in (0, 3):
+                a = rng.integers(0, top, n + off).astype(np.uint8)[off:]
+                h = np.zeros((4, 256), np.int64)
+                h[2, 5] = 7
+                km._count_bytes(a, h)
+                want = np.bincount(a, minlength=256)
+                want[5] += 7
+                assert (h.sum(axis=0) == want).all(), (n, top, off)
+    a = np.full(300 * 8, 15, np.uint8)  # every lane's count at its most in each run of 255 words
+    h = np.zeros((4, 256), np.int64)
+    km._count_bytes(a, h)
+    assert h.sum(axis=0)[15] == a.size and h.sum() == a.size
+
+
+@needs_numba
 @pytest.mark.parametrize("k", [1, 4, 5, 7])
 @pytest.mark.parametrize("dare,band", [(False, False), (True, False), (False, True)])
 def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare, band):

@@ -491,8 +491,20 @@ def _hist_pairs(h, n):
 
 @_jit
 def _count_bytes(bs, h4):
-    """h4[j % 4][bs[j]] += 1: four histograms, so runs of equal bytes (most slots hold the same bits) do not
-    wait on one counter (0.86 -> 0.31 ns per byte, measured on one thread)."""
+    """h4 += the histogram of the bytes bs over its 256 bins (h4: four rows, which its readers sum). Bytes all
+    below 16 (the kept bits of up to 4 models) go through _count_nibbles, 0.41 -> 0.14 ns per byte (one thread,
+    4096-byte blocks of 4 random bits); others as h4[j % 4][bs[j]] += 1: four histograms, so runs of equal bytes
+    (most slots hold the same bits) do not wait on one counter (0.86 -> 0.31 ns per byte)."""
+    n8 = bs.shape[0] // 8
+    w = bs[:n8 * 8].view(np.uint64)
+    o = np.uint64(0)
+    for q in range(n8):  # vectorised: the bits any byte sets
+        o |= w[q]
+    for j in range(n8 * 8, bs.shape[0]):
+        o |= np.uint64(bs[j])
+    if o & np.uint64(0xF0F0F0F0F0F0F0F0) == 0:
+        _count_nibbles(bs, w, h4[0])
+        return
     n4 = bs.shape[0] // 4 * 4
     for j in range(0, n4, 4):
         h4[0, bs[j]] += 1
@@ -501,6 +513,63 @@ def _count_bytes(bs, h4):
         h4[3, bs[j + 3]] += 1
     for j in range(n4, bs.shape[0]):
         h4[0, bs[j]] += 1
+
+
+_ONES8 = np.uint64(0x0101010101010101)  # bit 0 of every byte of a word
+_EVEN16 = np.uint64(0x00FF00FF00FF00FF)
+_SUM16 = np.uint64(0x0001000100010001)
+
+
+@_jit
+def _count_nibbles(bs, w, h):
+    """h[v] += the bytes of bs equal to v, every byte below 16 (w: bs's whole words as uint64). For each set S of
+    the 4 bits, the bytes holding all of S are counted 8 to a word (bit 0 of each byte of the AND of the shifted
+    words, summed per byte lane for at most 255 words, then across the lanes: vectorised); the exact counts
+    follow from those by inclusion-exclusion (subtracting, bit by bit, the counts of the sets with that bit)."""
+    n8 = w.shape[0]
+    sup = np.zeros(16, np.int64)
+    for q0 in range(0, n8, 255):
+        ws = w[q0:min(n8, q0 + 255)]
+        c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = np.uint64(0)
+        for q in range(ws.shape[0]):
+            x0 = ws[q] & _ONES8
+            x1 = (ws[q] >> np.uint64(1)) & _ONES8
+            x2 = (ws[q] >> np.uint64(2)) & _ONES8
+            x3 = (ws[q] >> np.uint64(3)) & _ONES8
+            x01 = x0 & x1
+            x02 = x0 & x2
+            x12 = x1 & x2
+            x012 = x01 & x2
+            c1 += x0
+            c2 += x1
+            c3 += x01
+            c4 += x2
+            c5 += x02
+            c6 += x12
+            c7 += x012
+            c8 += x3
+            c9 += x0 & x3
+            c10 += x1 & x3
+            c11 += x01 & x3
+            c12 += x2 & x3
+            c13 += x02 & x3
+            c14 += x12 & x3
+            c15 += x012 & x3
+        i = 1
+        for c in (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15):  # set S = i (bit b: bit b)
+            s16 = (c & _EVEN16) + ((c >> np.uint64(8)) & _EVEN16)  # 4 lanes of at most 510
+            sup[i] += np.int64((s16 * _SUM16) >> np.uint64(48))
+            i += 1
+    sup[0] += n8 * 8
+    for j in range(n8 * 8, bs.shape[0]):  # the tail, byte by byte
+        for t in range(16):
+            sup[t] += (bs[j] & t) == t
+    for b in range(4):  # sup[t] = the bytes holding every bit of t -> the bytes equal to t
+        for t in range(16):
+            if not t & (1 << b):
+                sup[t] -= sup[t | (1 << b)]
+    for v in range(16):
+        h[v] += sup[v]
 
 
 # --------------------------------------------------------------------------------------------- n:m blocks
