@@ -122,12 +122,12 @@ def load_numba():
 
     numba's first compile (its own first load from its cache too) imports its NumPy registries; one of them
     probes for BLAS by importing scipy.linalg, 0.1-0.3 s of a merge's 1-2 s here, for np.correlate/np.convolve,
-    which our loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those two would
-    use numba's own loop); np.dot and np.linalg check for BLAS again when a loop using them is compiled, and
-    scipy.linalg imports as usual afterwards. Nothing is hidden when scipy.linalg is already loaded (the probe
-    is then free). Call it from the thread that loads the kernels, before any other thread may import
-    scipy.linalg (the commands do: their worker threads import nothing). Raises ImportError when numba does
-    not import."""
+    which our loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those
+    two would use numba's own loop); np.dot and np.linalg check for BLAS again when a loop using them is
+    compiled, and scipy.linalg imports as usual afterwards. Nothing is hidden when scipy.linalg is already loaded
+    (the probe is then free). Call it from the thread that loads the kernels, before any other thread may import
+    scipy.linalg (the commands do: their worker threads import nothing). Raises ImportError when numba does not
+    import."""
     import sys
 
     import numba

@@ -556,7 +556,7 @@ def _count_nibbles(bs, w, h):
             c14 += x12 & x3
             c15 += x012 & x3
         i = 1
-        for c in (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15):  # set S = i (bit b: bit b)
+        for c in (c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15):  # c_i: the set of i's bits
             s16 = (c & _EVEN16) + ((c >> np.uint64(8)) & _EVEN16)  # 4 lanes of at most 510
             sup[i] += np.int64((s16 * _SUM16) >> np.uint64(48))
             i += 1
