@@ -75,8 +75,7 @@ def main(argv=None) -> int:
     dens = [float(d) for d in args.densities.split(",")]
     window_min = K.WINDOW_MIN
 
-    def best(fn):
-        return best_of(fn, args.repeat)
+    best = partial(best_of, repeat=args.repeat)
 
     rows = []
     for name, raw, base in tensors:
