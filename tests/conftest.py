@@ -15,14 +15,6 @@ for _k, _v in (("MKL_CBWR", "COMPATIBLE"), ("ATEN_CPU_CAPABILITY", "avx2"), ("ON
     os.environ.setdefault(_k, _v)
 
 
-def pytest_collection_modifyitems(config, items):
-    """The tests marked slow run first (the order is otherwise kept). On `make test`'s two xdist workers
-    (worksteal) the longest ones, guidedquant's three demo seeds above all (454 s of the 1398 s run on
-    2026-12-04), then start at once instead of near the end, where one of them kept one worker busy for minutes
-    after the other had run out of tests; the short tests left are what the idle worker steals."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _ctrl_c_reaches_python():
     """The Ctrl-C tests need SIGINT to raise KeyboardInterrupt here and in the commands they start. A shell
