@@ -437,8 +437,8 @@ def test_streaming_accumulator_equals_list_kernels(method, dare):
     """The buffered one-candidate-at-a-time path equals the plain per-tensor kernels (and the closed form)."""
     g = torch.Generator().manual_seed(5)
     base = {"w": torch.randn(40, 30, generator=g), "v": torch.randn(7, generator=g).to(torch.bfloat16)}
-    # 8 candidates (6 until 2026-12-04): the compiled one-pass loops specialise on the model count, and 8 (the
-    # most they take) is compiled for other tests anyway; 6 cost the suite two more (about 75 s of compile, cold)
+    # 8 candidates, not 6: the one-pass loop (_merge_models) compiles per model count and dtype, the merge-engine
+    # tests compile 8 anyway; 6 compiled two more (73 s cold, benchmarks/numba_compile_profile.py, 2026-12-04)
     cands = [{k: v + (0.1 * torch.randn(v.shape, generator=g) + 0.02).to(v.dtype) for k, v in base.items()}
              for _ in range(8)]
     cfg = M.MergeConfig(method, index=2, dare_p=dare, ties_k=0.3, seed=4)
