@@ -52,18 +52,15 @@ def _close(expected, got, drift: tuple = (0.0, 0.0)) -> bool:
     return expected == got
 
 
-def run_example(cmd: str):
+def run_example(cmd: str, icml_json_once):
+    """The example's outputs: the command run once per session (conftest `icml_json_once`: examples that differ
+    only in their jq filter share the run), then the filter."""
     import jq
-    from click.testing import CliRunner
-
-    from icmltools.commands.cli import cli
 
     icml_part, _, jq_part = cmd.partition("|")
     argv = shlex.split(icml_part)
     assert argv[0] == "icml", cmd
-    res = CliRunner().invoke(cli, argv[1:], catch_exceptions=False)
-    assert res.exit_code == 0, (cmd, res.stderr[-2000:])
-    doc = json.loads(res.stdout)
+    doc = icml_json_once(argv[1:])
     if not jq_part.strip():
         return [doc]
     jargs = shlex.split(jq_part)
@@ -73,8 +70,8 @@ def run_example(cmd: str):
 
 
 @pytest.mark.parametrize("cmd,expected,drift", list(examples()))
-def test_documented_example_prints_what_the_docs_show(cmd, expected, drift):
-    got = run_example(cmd)
+def test_documented_example_prints_what_the_docs_show(cmd, expected, drift, icml_json_once):
+    got = run_example(cmd, icml_json_once)
     want = [json.loads(line) for line in expected.splitlines() if line.strip()]
     assert len(got) == len(want), (cmd, got)
     for w, g in zip(want, got):
