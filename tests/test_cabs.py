@@ -427,6 +427,33 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
     assert r["overlap"]["max_pairwise"] > 0
 
 
+def test_cli_config_int8_mask_changes_nothing(ckpts, tmp_path, monkeypatch):
+    """mergekit's README TIES example sets `int8_mask: true`: the dtype of its sign mask (-1, 0, 1 are exact in
+    int8 and in the weights' dtype), so the bytes are those of the same file with false or without it; a value
+    that is not a boolean is refused."""
+    import json
+    from pathlib import Path
+
+    d, _, _ = ckpts
+    outs = []
+    for i, extra in enumerate(["", ", int8_mask: true", ", int8_mask: false"]):
+        (tmp_path / f"t{i}.yml").write_text(
+            "models:\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
+            "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
+            f"merge_method: dare_ties\nbase_model: in/base.safetensors\nparameters: {{normalize: true{extra}}}\n")
+        res = _cli(["--config", f"t{i}.yml", "--out", f"o{i}"], tmp_path, monkeypatch, d)
+        assert res.exit_code == 0, res.stderr
+        r = json.loads(res.stdout)["result"]
+        assert r["method"] == "dare_ties" and r["warnings"] == []
+        outs.append(Path(r["output"]).read_bytes())
+    assert outs[0] == outs[1] == outs[2]
+    (tmp_path / "b.yml").write_text("merge_method: ties\nbase_model: in/base.safetensors\n"
+                                    "models: [{model: in/m0.safetensors, parameters: {weight: 1, density: 0.5}}]\n"
+                                    "parameters: {int8_mask: 1}\n")
+    res = _cli(["--config", "b.yml", "--out", "b"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "parameters.int8_mask: expected true or false, got 1" in res.stderr
+
+
 B = ["--base", "in/base.safetensors"]
 M2 = ["--models", "in/m0.safetensors,in/m1.safetensors"]
 BAD_INPUTS = [
