@@ -5,11 +5,11 @@ Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (ea
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
 ``normalize``, ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
 ``int8_mask`` (true or false: the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
-the merge is the same; accepted and not used); a density left unset is mergekit's 1.0), ``dtype`` and ``out_dtype`` (the output dtype of the floating tensors:
-``out_dtype`` if set, else ``dtype``, as mergekit writes them; the merge itself computes in float32, where
-mergekit computes in ``dtype``). Anything else (``slices``, ``tokenizer_source``, an unknown method or
-parameter) is refused in one line naming it: a silently ignored field would merge something else than the
-file asks for.
+the merge is the same; accepted and not used); a density left unset is mergekit's 1.0), ``dtype`` and
+``out_dtype`` (the output dtype of the floating tensors: ``out_dtype`` if set, else ``dtype``, as mergekit writes
+them; the merge itself computes in float32, where mergekit computes in ``dtype``). Anything else (``slices``,
+``tokenizer_source``, an unknown method or parameter) is refused in one line naming it: a silently ignored field
+would merge something else than the file asks for.
 """
 from __future__ import annotations
 
