@@ -428,9 +428,9 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
 
 
 def test_cli_config_int8_mask_changes_nothing(ckpts, tmp_path, monkeypatch):
-    """mergekit's README TIES example sets `int8_mask: true`: the dtype of its sign mask (-1, 0, 1 are exact in
-    int8 and in the weights' dtype), so the bytes are those of the same file with false or without it; a value
-    that is not a boolean is refused. (test_cli_config_ties_runs's file and flags: the same compiled loops; with
+    """mergekit's examples/ties.yml (and many published configs) set `int8_mask: true`: the dtype of its sign mask
+    (-1, 0, 1 are exact in int8 and in the weights' dtype), so the bytes are those of the same file with false or
+    without it; a value that is not a boolean is refused. (test_cli_config_ties_runs's file and flags: the same compiled loops; with
     dare_ties and no out_dtype this test compiled its own, 30 s of a clean-clone run.)"""
     import json
     from pathlib import Path
