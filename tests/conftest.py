@@ -35,8 +35,7 @@ def _clean_icml_env(monkeypatch, tmp_path):
     yield
 
 
-@pytest.fixture
-def run_cli():
+def invoke_cli(args, input=None, expect_code=0):
     """Invoke `icml ARGS` through CliRunner; returns (result, parsed JSON or None)."""
     import json
 
@@ -44,14 +43,16 @@ def run_cli():
 
     from icmltools.commands.cli import cli
 
-    def _run(args, input=None, expect_code=0):
-        runner = CliRunner()
-        res = runner.invoke(cli, list(args), input=input, catch_exceptions=False)
-        assert res.exit_code == expect_code, (res.exit_code, res.stdout[-2000:], res.stderr[-2000:])
-        doc = json.loads(res.stdout) if expect_code == 0 else None
-        return res, doc
+    res = CliRunner().invoke(cli, [str(a) for a in args], input=input, catch_exceptions=False)
+    assert res.exit_code == expect_code, (list(args), res.exit_code, res.stdout[-2000:], res.stderr[-2000:])
+    doc = json.loads(res.stdout) if expect_code == 0 else None
+    return res, doc
 
-    return _run
+
+@pytest.fixture
+def run_cli():
+    """:func:`invoke_cli` as a fixture."""
+    return invoke_cli
 
 
 @pytest.fixture(scope="session")
@@ -64,10 +65,6 @@ def icml_json_once(tmp_path_factory):
     import fcntl
     import hashlib
     import json
-
-    from click.testing import CliRunner
-
-    from icmltools.commands.cli import cli
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -83,9 +80,7 @@ def icml_json_once(tmp_path_factory):
             fcntl.flock(lock, fcntl.LOCK_EX)
             if doc_path.exists():
                 return json.loads(doc_path.read_text())
-            res = CliRunner().invoke(cli, args, catch_exceptions=False)
-            assert res.exit_code == 0, (args, res.exit_code, res.stderr[-2000:])
-            doc = json.loads(res.stdout)
+            res, doc = invoke_cli(args)
             tmp = doc_path.with_suffix(".tmp")
             tmp.write_text(res.stdout)
             tmp.replace(doc_path)

@@ -407,16 +407,25 @@ def test_cli_config_equals_flags(ckpts, tmp_path, monkeypatch):
     assert all(torch.equal(fa[k], fb[k]) for k in fa)
 
 
+def _ties_yml(params: str = "normalize: true") -> str:
+    """test_cli_config_ties_runs's mergekit file (the base listed among the models; dtype and out_dtype both set),
+    with `params` as its top-level parameters."""
+    return ("models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n"
+            "    parameters: {weight: 1.0, density: 0.5}\n  - model: in/m1.safetensors\n"
+            "    parameters: {weight: 0.5, density: 0.5}\n"
+            f"merge_method: ties\nbase_model: in/base.safetensors\nparameters: {{{params}}}\n"
+            "dtype: float32\nout_dtype: torch.bfloat16\n")
+
+
+TIES_FLAGS = ["--exclude", "h.*", "--exclude", "lm_head.*"]
+
+
 def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
     import json
 
     d, _, _ = ckpts
-    (tmp_path / "t.yml").write_text(
-        "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n    parameters: {weight: 1.0, density: 0.5}\n"
-        "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
-        "merge_method: ties\nbase_model: in/base.safetensors\nparameters: {normalize: true}\n"
-        "dtype: float32\nout_dtype: torch.bfloat16\n")   # mergekit writes out_dtype when both are set
-    res = _cli(["--config", "t.yml", "--exclude", "h.*", "--exclude", "lm_head.*", "--out", "t"], tmp_path, monkeypatch, d)
+    (tmp_path / "t.yml").write_text(_ties_yml())   # mergekit writes out_dtype when both are set
+    res = _cli(["--config", "t.yml", *TIES_FLAGS, "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 0, res.stderr
     r = json.loads(res.stdout)["result"]
     assert r["method"] == "ties" and [m["density"] for m in r["models"]] == [0.5, 0.5]
@@ -430,22 +439,17 @@ def test_cli_config_ties_runs(ckpts, tmp_path, monkeypatch):
 def test_cli_config_int8_mask_changes_nothing(ckpts, tmp_path, monkeypatch):
     """mergekit's examples/ties.yml (and many published configs) set `int8_mask: true`: the dtype of its sign mask
     (-1, 0, 1 are exact in int8 and in the weights' dtype), so the bytes are those of the same file with false or
-    without it; a value that is not a boolean is refused. (test_cli_config_ties_runs's file and flags: the same compiled loops; with
-    dare_ties and no out_dtype this test compiled its own, 30 s of a clean-clone run.)"""
+    without it; a value that is not a boolean is refused (normalize's too). test_cli_config_ties_runs's file and
+    flags: the same compiled loops (with dare_ties and no out_dtype this test compiled its own, 30 s of a clean-clone
+    run)."""
     import json
     from pathlib import Path
 
     d, _, _ = ckpts
     outs = []
     for i, extra in enumerate(["", ", int8_mask: true", ", int8_mask: false"]):
-        (tmp_path / f"t{i}.yml").write_text(
-            "models:\n  - model: in/base.safetensors\n  - model: in/m0.safetensors\n"
-            "    parameters: {weight: 1.0, density: 0.5}\n"
-            "  - model: in/m1.safetensors\n    parameters: {weight: 0.5, density: 0.5}\n"
-            f"merge_method: ties\nbase_model: in/base.safetensors\nparameters: {{normalize: true{extra}}}\n"
-            "dtype: float32\nout_dtype: torch.bfloat16\n")
-        res = _cli(["--config", f"t{i}.yml", "--exclude", "h.*", "--exclude", "lm_head.*", "--out", f"o{i}"], tmp_path,
-                   monkeypatch, d)
+        (tmp_path / f"t{i}.yml").write_text(_ties_yml("normalize: true" + extra))
+        res = _cli(["--config", f"t{i}.yml", *TIES_FLAGS, "--out", f"o{i}"], tmp_path, monkeypatch, d)
         assert res.exit_code == 0, res.stderr
         r = json.loads(res.stdout)["result"]
         assert r["method"] == "ties" and r["excluded"] == ["h.weight"]
@@ -456,6 +460,9 @@ def test_cli_config_int8_mask_changes_nothing(ckpts, tmp_path, monkeypatch):
                                     "parameters: {int8_mask: 1}\n")
     res = _cli(["--config", "b.yml", "--out", "b"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "parameters.int8_mask: expected true or false, got 1" in res.stderr
+    (tmp_path / "n.yml").write_text(_ties_yml('normalize: "no"'))   # a string would have been truthy: normalized
+    res = _cli(["--config", "n.yml", "--out", "n"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "parameters.normalize: expected true or false, got 'no'" in res.stderr
 
 
 B = ["--base", "in/base.safetensors"]

@@ -3,7 +3,7 @@
 Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (each ``model`` with optional
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
-``normalize``, ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
+``normalize`` (a boolean), ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
 ``int8_mask`` (true or false: the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
 the merge is the same; accepted and not used); a density left unset is mergekit's 1.0), ``dtype`` and
 ``out_dtype`` (the output dtype of the floating tensors: ``out_dtype`` if set, else ``dtype``, as mergekit writes
@@ -28,12 +28,12 @@ MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
                 "breadcrumbs": {"weight", "density"}}
-GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"},
-                 "task_arithmetic": {"normalize", "lambda", "int8_mask"}, "ties": {"normalize", "lambda", "int8_mask"},
-                 "dare_linear": {"normalize", "lambda", "rescale", "int8_mask"},
-                 "dare_ties": {"normalize", "lambda", "rescale", "int8_mask"},
-                 "breadcrumbs": {"normalize", "lambda", "gamma", "int8_mask"}}
-UNUSED_PARAMS = {"int8_mask"}  # read and checked, no effect on the result (module docstring)
+GTA_PARAMS = {"normalize", "lambda", "int8_mask"}   # mergekit's generalized task arithmetic: every method but cabs
+GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmetic": GTA_PARAMS, "ties": GTA_PARAMS,
+                 "dare_linear": GTA_PARAMS | {"rescale"}, "dare_ties": GTA_PARAMS | {"rescale"},
+                 "breadcrumbs": GTA_PARAMS | {"gamma"}}
+FLAGS = ("normalize", "rescale", "int8_mask")       # booleans in mergekit: a string such as "no" is refused
+NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; int8_mask changes nothing (above)
 
 
 @dataclass
@@ -161,10 +161,10 @@ def read_config(path) -> MergekitConfig:
     order = _order(path, refs, glob.get("pruning_order")) if mk == "cabs" else list(range(len(refs)))
     default_nm = _nm(path, "parameters.default_n_m_ratio", glob["default_n_m_ratio"]) \
         if glob.get("default_n_m_ratio") is not None else None
-    if "int8_mask" in glob and not isinstance(glob["int8_mask"], bool):
-        _fail(path, f"parameters.int8_mask: expected true or false, got {glob['int8_mask']!r}")
-    params = {k: v for k, v in glob.items()
-              if k in GLOBAL_PARAMS[mk] and k not in ("default_n_m_ratio", "pruning_order", *UNUSED_PARAMS)}
+    for key in FLAGS:
+        if key in glob and not isinstance(glob[key], bool):
+            _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
+    params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
     cfg = MergekitConfig(method=METHODS[mk], mergekit_method=mk, base=_resolve(path, base_ref),
                          models=[_resolve(path, refs[i]) for i in order], weights=[per[i]["weight"] for i in order],
                          densities=[per[i]["density"] for i in order],
