@@ -2,11 +2,14 @@
 lambda 0, n = m; the demo; the command (file mode, mergekit configs, bad inputs)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
 from icmltools.cabs import prune as P
 from icmltools.cabs import stats as S
+from icmltools.core.errors import BadInputError
 
 
 def _g(seed=0):
@@ -463,6 +466,125 @@ def test_cli_config_int8_mask_changes_nothing(ckpts, tmp_path, monkeypatch):
     (tmp_path / "n.yml").write_text(_ties_yml('normalize: "no"'))   # a string would have been truthy: normalized
     res = _cli(["--config", "n.yml", "--out", "n"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "parameters.normalize: expected true or false, got 'no'" in res.stderr
+
+
+def test_mergekit_settings_evaluate_as_mergekit():
+    """mergekit's evaluate_setting (config.py) and 0.1.5's planner's layer position t (plan.py), exact small cases:
+    a gradient is linear between its neighbouring values, conditions give their first match (unset or "*"
+    matches every name), none matching gives None (the next level applies)."""
+    from icmltools.cabs.mkconfig import evaluate, layer_positions
+
+    g = ("gradient", (0.25, 1.0))
+    assert [evaluate(g, "x", t) for t in (0.0, 0.5, 1.0)] == [0.25, 0.625, 1.0]
+    tri = ("gradient", (0.0, 1.0, 0.0))
+    assert [evaluate(tri, "x", t) for t in (0.0, 0.25, 0.5, 0.75, 1.0)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert evaluate(("gradient", (0.5,)), "x", 0.7) == 0.5 and evaluate(0.3, "x", 0.7) == 0.3
+    conds = ("conds", (("self_attn", 0.5), ("mlp", g)))
+    assert evaluate(conds, "l.3.self_attn.q.weight", 1.0) == 0.5 and evaluate(conds, "l.3.mlp.up", 0.5) == 0.625
+    assert evaluate(conds, "norm.weight", 0.0) is None
+    assert evaluate(("conds", (("mlp", 0.5), (None, 0.125))), "norm.weight", 0.0) == 0.125
+    llama = ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"] + \
+        [f"model.layers.{i}.{p}" for i in range(5) for p in ("mlp.up_proj.weight", "input_layernorm.weight")]
+    t = layer_positions(llama)
+    assert [t(f"model.layers.{i}.mlp.up_proj.weight") for i in range(5)] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert (t("model.embed_tokens.weight"), t("model.norm.weight"), t("lm_head.weight")) == (0.0, 0.0, 0.0)  # 0.1.5
+    gpt2 = layer_positions(["transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
+                            "transformer.h.1.attn.c_attn.weight", "transformer.h.2.mlp.c_fc.weight"])
+    assert [gpt2(f"transformer.h.{i}.attn.c_attn.weight") for i in (0, 1)] == [0.0, 0.5]
+    assert layer_positions(["layers.0.w"])("layers.0.w") == 1.0   # one layer: mergekit's t = 1
+
+
+@pytest.fixture(scope="module")
+def layered(tmp_path_factory):
+    """A three-layer Llama-named base and two fine-tuned models (float32 safetensors)."""
+    from icmltools.taskvec import write_state_dict
+
+    d = tmp_path_factory.mktemp("cabs_layered")
+    g = _g(4)
+    base = {"model.embed_tokens.weight": torch.randn(48, 16, generator=g), "model.norm.weight": torch.randn(16, generator=g),
+            "lm_head.weight": torch.randn(48, 16, generator=g)}
+    for i in range(3):
+        base[f"model.layers.{i}.self_attn.q_proj.weight"] = torch.randn(16, 16, generator=g)
+        base[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(40, 16, generator=g)
+    models = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    for name, sd in [("base", base)] + [(f"m{i}", m) for i, m in enumerate(models)]:
+        write_state_dict(sd, d / f"{name}.safetensors")
+    return d, base, models
+
+
+PER_TENSOR_YML = """merge_method: ties
+base_model: in/base.safetensors
+models:
+  - model: in/m0.safetensors
+    parameters:
+      weight: [{filter: mlp, value: 0.5}, {value: [0.25, 1.0]}]
+      density: 0.5
+  - model: in/m1.safetensors
+    parameters:
+      weight: 0.75
+      density: [{filter: self_attn, value: [0.25, 0.75]}]
+parameters: {density: 0.625, normalize: true}
+dtype: float32
+"""
+
+
+def test_cli_config_per_tensor_filters_and_gradients(layered, tmp_path, monkeypatch):
+    """mergekit's per-tensor settings: each tensor of the output is the plain TIES merge with the weights and
+    densities that mergekit's lookup gives it (written out by hand here: layer i of 3 at t = i / 2; embeddings,
+    norm and lm_head at t = 0, as mergekit 0.1.5; model 1's density falls back to the top-level 0.625 where its
+    only filter does not match)."""
+    import json
+
+    from icmltools.merge import engine as E
+
+    d, base, models = layered
+    (tmp_path / "c.yml").write_text(PER_TENSOR_YML)
+    res = _cli(["--config", "c.yml", "--out", "o"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    out = _load(r["output"])
+    grad = {0: 0.25, 1: 0.625, 2: 1.0}   # [0.25, 1.0] at t = 0, 1/2, 1
+    for name in base:
+        layer = int(name.split(".")[2]) if ".layers." in name else 0
+        w = [0.5 if "mlp" in name else grad[layer], 0.75]
+        dens = [0.5, {0: 0.25, 1: 0.5, 2: 0.75}[layer] if "self_attn" in name else 0.625]
+        plan = E.make_plan("ties", 2, weights=w, densities=dens, options={"normalize": True})
+        ref, _ = E.merge_state_dicts({name: base[name]}, [{name: m[name]} for m in models], plan)
+        assert torch.equal(out[name], ref[name]), name
+    assert [(m["lam"], m["lam_range"], m["density_range"]) for m in r["models"]] == \
+        [(None, [0.25, 1.0], [0.5, 0.5]), (None, [0.75, 0.75], [0.25, 0.75])]
+
+
+@pytest.mark.parametrize("weight,msg", [
+    ("{filter: mlp, value: 0.5}", "models[0].weight: a condition goes in a list"),
+    ("[{filter: mlp, value: 0.5}, 0.25]", "models[0].weight[1]: expected {filter: ..., value: ...}"),
+    ("[]", "models[0].weight: an empty list"),
+    ("[{filter: 3, value: 0.5}]", "models[0].weight[0].filter: expected a string"),
+    ("[{filter: mlp}]", "models[0].weight[0]: no value"),
+    ("[{filter: mlp, value: 0.5, scale: 2}]", "models[0].weight[0]: scale not supported"),
+    ("[0.5, high]", "models[0].weight[1]: expected a finite number, got 'high'"),
+    ("[0.5, .nan]", "models[0].weight[1]: expected a finite number, got nan"),
+])
+def test_config_bad_per_tensor_settings(weight, msg, tmp_path):
+    from icmltools.cabs import mkconfig
+
+    p = tmp_path / "c.yml"
+    p.write_text(f"merge_method: ties\nbase_model: b\nmodels: [{{model: m, parameters: {{weight: {weight}}}}}]\n")
+    with pytest.raises(BadInputError, match=re.escape(msg)):
+        mkconfig.read_config(p)
+
+
+def test_cli_config_per_tensor_value_out_of_range_is_named(layered, tmp_path, monkeypatch):
+    """A gradient whose interpolated density is 0 at one layer: refused naming that tensor, nothing written."""
+    d, _, _ = layered
+    (tmp_path / "z.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.0, 0.75]"))
+    res = _cli(["--config", "z.yml", "--out", "z"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "densities must be in (0, 1], got [0.5, 0.0] (tensor " \
+        "'model.layers.0.self_attn.q_proj.weight')" in res.stderr
+    (tmp_path / "g.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.25, 1.5]"))
+    res = _cli(["--config", "g.yml", "--out", "z"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "models[1].density[0].value[1]: 1.5 is outside [0.0, 1.0]" in res.stderr
+    assert not (tmp_path / "z").exists()
 
 
 B = ["--base", "in/base.safetensors"]

@@ -213,14 +213,31 @@ def _peak_rss_gb() -> float:
     return r / 1e9 if sys.platform == "darwin" else r * 1024 / 1e9
 
 
+def _tensor_ranges(job: FileJob) -> list[dict]:
+    """Per model, [min, max] of the weights (and densities) its merged tensors got from per-tensor settings."""
+    from icmltools.merge.engine import is_float_dtype
+
+    plans = [job.plan.for_tensor(n) for n, s in job.base.specs.items() if is_float_dtype(s.dtype) and job.plan.selected(n)]
+    out = []
+    for i in range(len(job.models)):
+        r = {"lam_range": [min(p.weights[i] for p in plans), max(p.weights[i] for p in plans)]}
+        if job.plan.densities[i] is not None:
+            r["density_range"] = [min(p.densities[i] for p in plans), max(p.densities[i] for p in plans)]
+        out.append(r)
+    return out
+
+
 def _model_rows(job: FileJob, summary: dict, short: list | None) -> list[dict]:
     rows = []
     per = summary.get("models") or [{} for _ in job.models]
+    ranges = _tensor_ranges(job) if job.plan.tensor_params is not None else None
     for i, (m, (n, mm), lam) in enumerate(zip(job.models, job.nms, job.lams)):
         r = {"path": str(m.path), "lam": lam}
         if job.method in ("cabs", "bs"):
             r.update(n=n, m=mm)
-        elif job.plan.densities[i] is not None:
+        if ranges is not None:
+            r.update(ranges[i])
+        elif job.method not in ("cabs", "bs") and job.plan.densities[i] is not None:
             r["density"] = job.plan.densities[i]
         r.update({k: per[i].get(k) for k in ("kept", "numel", "kept_fraction")})
         if short is not None:
@@ -243,6 +260,8 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
     record = {"tool": "icml cabs-merge", "method": job.method, "order": [str(m.path) for m in job.models],
               "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail, "dtype": job.out_dtype,
               "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
+    if job.plan.tensor_params is not None:
+        record["tensor_params"] = job.plan.describe()["tensor_params"]
     t0 = time.perf_counter()
     search = None
     if job.lam_grid is None:
@@ -312,4 +331,10 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
                         include=include, exclude=exclude, out_dtype=cfg.out_dtype,
                         source={"file": str(path), "merge_method": cfg.mergekit_method})
     job.warnings.extend(cfg.warnings)
+    if cfg.tensor is not None:   # filters / gradients: each tensor's weights and densities, checked now
+        from icmltools.merge import engine as E
+
+        job.plan = replace(job.plan, tensor_params=cfg.tensor.bind(list(job.base.specs)))
+        E.open_and_check(job.base, job.models, job.plan)
+        job.lams = [None] * len(job.models)
     return job

@@ -5,7 +5,8 @@ Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (ea
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
 ``normalize`` (a boolean), ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
 ``int8_mask`` (true or false: the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
-the merge is the same; accepted and not used); a density left unset is mergekit's 1.0), ``dtype`` and
+the merge is the same; accepted and not used); a density left unset is mergekit's 1.0; weight and density may be
+set per tensor: gradients and filter conditions, :func:`evaluate`), ``dtype`` and
 ``out_dtype`` (the output dtype of the floating tensors: ``out_dtype`` if set, else ``dtype``, as mergekit writes
 them; the merge itself computes in float32, where mergekit computes in ``dtype``). Anything else (``slices``,
 ``tokenizer_source``, an unknown method or parameter) is refused in one line naming it: a silently ignored field
@@ -13,8 +14,10 @@ would merge something else than the file asks for.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from icmltools.core.errors import BadInputError
 from icmltools.merge.options import OUT_DTYPES
@@ -34,6 +37,7 @@ GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmeti
                  "breadcrumbs": GTA_PARAMS | {"gamma"}}
 FLAGS = ("normalize", "rescale", "int8_mask")       # booleans in mergekit: a string such as "no" is refused
 NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; int8_mask changes nothing (above)
+TENSOR_PARAMS = ("weight", "density")   # per model, settable per tensor (filters, layer gradients)
 
 
 @dataclass
@@ -50,6 +54,7 @@ class MergekitConfig:
     params: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
     out_dtype: str = "same"               # out_dtype, else dtype, else each tensor keeps its own
+    tensor: "TensorSettings | None" = None  # per-tensor weights / densities (filters, gradients), else None
 
 
 def _fail(path, msg: str):
@@ -107,6 +112,114 @@ def _check_keys(path, got, allowed, where: str) -> None:
         _fail(path, f"{where}: {', '.join(map(str, extra))} not supported (supported: {', '.join(sorted(allowed))})")
 
 
+def _value(path, where: str, v, lo, hi):
+    """A number, or a gradient: a non-empty list of numbers."""
+    if isinstance(v, list):
+        if not v:
+            _fail(path, f"{where}: an empty list (a gradient needs at least one number)")
+        return ("gradient", tuple(_number(path, f"{where}[{j}]", x, lo, hi) for j, x in enumerate(v)))
+    return _number(path, where, v, lo, hi)
+
+
+def _setting(path, where: str, v, lo: float | None = None, hi: float | None = None):
+    """A per-tensor setting of a weight or density as mergekit's ``ParameterSetting`` (config.py): a number; a
+    gradient (numbers interpolated over the layers); or a list of conditions ``{filter, value}`` (value a number
+    or a gradient; the first whose filter is in the tensor name, or is unset or "*", applies). Returned as a float,
+    ("gradient", values) or ("conds", ((filter or None, value), ...))."""
+    if isinstance(v, dict):
+        _fail(path, f"{where}: a condition goes in a list ([{{filter: ..., value: ...}}]; mergekit refuses a "
+                    "lone mapping too)")
+    if not (isinstance(v, list) and v and any(isinstance(e, dict) for e in v)):
+        return _value(path, where, v, lo, hi)
+    conds = []
+    for j, c in enumerate(v):
+        at = f"{where}[{j}]"
+        if not isinstance(c, dict):
+            _fail(path, f"{at}: expected {{filter: ..., value: ...}} like the other entries, got {c!r}")
+        _check_keys(path, c, {"filter", "value"}, at)
+        if "value" not in c:
+            _fail(path, f"{at}: no value")
+        f = c.get("filter")
+        if f is not None and not isinstance(f, str):
+            _fail(path, f"{at}.filter: expected a string (a part of tensor names), got {f!r}")
+        conds.append((None if f in (None, "*") else f, _value(path, f"{at}.value", c["value"], lo, hi)))
+    return ("conds", tuple(conds))
+
+
+def evaluate(setting, name: str, t: float) -> float | None:
+    """mergekit's evaluate_setting (config.py) for tensor `name` at layer position t in [0, 1]: a gradient of n
+    values is linear between values i0 = int(t (n - 1)) and i0 + 1; conditions give their first match, else
+    None (the next level's setting applies)."""
+    if not isinstance(setting, tuple):
+        return setting
+    kind, body = setting
+    if kind == "gradient":
+        scaled = t * (len(body) - 1)
+        i0 = int(scaled)
+        i1 = min(len(body) - 1, i0 + 1)
+        frac = scaled - i0
+        return (1 - frac) * body[i0] + frac * body[i1]
+    for f, value in body:
+        if f is None or f in name:
+            return evaluate(value, name, t)
+    return None
+
+
+LAYER = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)\.")
+
+
+def layer_positions(names) -> Callable[[str], float]:
+    """A tensor's t as mergekit 0.1.5's planner gives it (plan.py, plan_module / plan_slice): layer i of L gets
+    i / (L - 1) (1 when L is 1); every tensor outside the layers (embeddings, the final norm, lm_head) gets 0
+    (0.1.5's reader for them is made with t = 0; an older planner gave the ones after the layers 1; checked
+    against mergekit 0.1.5's output, docs/cabs-merge.md). The layers are the names' ``layers.N.`` / ``layer.N.`` /
+    ``h.N.`` / ``blocks.N.`` and L is 1 + the largest N (mergekit reads L from config.json: the same for a whole
+    model)."""
+    index = {n: int(m.group(1)) for n in names if (m := LAYER.search(n))}
+    n_layers = 1 + max(index.values(), default=-1)
+
+    def position(name: str) -> float:
+        if name not in index:
+            return 0.0
+        return index[name] / (n_layers - 1) if n_layers > 1 else 1.0
+
+    return position
+
+
+@dataclass
+class TensorSettings:
+    """The per-tensor weights / densities of a config whose settings are not all plain numbers: per model (in
+    the merge order) its own setting or None, then the top-level one, then the default (mergekit's lookup:
+    ConfigReader.parameter)."""
+
+    own: dict       # "weight" / "density" -> [setting or None per model]
+    top: dict       # "weight" / "density" -> setting or None
+    raw: dict       # as written, for the record
+
+    def bind(self, names) -> Callable[[str], dict]:
+        """name -> {"weights": .., "densities": ..} (densities only where the method has them)."""
+        position = layer_positions(names)
+
+        def values(key: str, name: str, t: float, default) -> tuple:
+            out = []
+            for s in self.own[key]:
+                v = evaluate(s, name, t) if s is not None else None
+                if v is None and self.top[key] is not None:
+                    v = evaluate(self.top[key], name, t)
+                out.append(default if v is None else v)
+            return tuple(out)
+
+        def params(name: str) -> dict:
+            t = position(name)
+            got = {"weights": values("weight", name, t, 1.0)}
+            if "density" in self.own:
+                got["densities"] = values("density", name, t, 1.0)
+            return got
+
+        params.describe = lambda: self.raw
+        return params
+
+
 def _per_model(path, mk: str, entry, defaults: dict, i: int) -> dict:
     params = entry.get("parameters") or {} if isinstance(entry, dict) else {}
     if isinstance(entry, dict):
@@ -114,13 +227,13 @@ def _per_model(path, mk: str, entry, defaults: dict, i: int) -> dict:
     if not isinstance(params, dict):
         _fail(path, f"models[{i}].parameters: expected a mapping")
     _check_keys(path, params, MODEL_PARAMS[mk], f"models[{i}].parameters")
-    merged = {**defaults, **params}
-    out = {"weight": _number(path, f"models[{i}].weight", merged.get("weight", 1.0)),
-           "density": None, "nm": None}
-    if merged.get("density") is not None:
-        out["density"] = _number(path, f"models[{i}].density", merged["density"], 0.0, 1.0)
-    if merged.get("n_m_ratio") is not None:
-        out["nm"] = _nm(path, f"models[{i}].n_m_ratio", merged["n_m_ratio"])
+    out = {"nm": None, "raw": {k: params[k] for k in TENSOR_PARAMS if params.get(k) is not None}}
+    for key, lo, hi in (("weight", None, None), ("density", 0.0, 1.0)):
+        if params.get(key) is not None:
+            out[key] = _setting(path, f"models[{i}].{key}", params[key], lo, hi)
+    nm = params.get("n_m_ratio", defaults.get("n_m_ratio"))
+    if nm is not None:
+        out["nm"] = _nm(path, f"models[{i}].n_m_ratio", nm)
     return out
 
 
@@ -151,6 +264,8 @@ def read_config(path) -> MergekitConfig:
         _fail(path, "parameters: expected a mapping")
     _check_keys(path, glob, MODEL_PARAMS[mk] | GLOBAL_PARAMS[mk], "parameters")
     defaults = {k: v for k, v in glob.items() if k in MODEL_PARAMS[mk]}
+    top = {k: _setting(path, f"parameters.{k}", glob[k], *((0.0, 1.0) if k == "density" else (None, None)))
+           for k in TENSOR_PARAMS if k in MODEL_PARAMS[mk] and glob.get(k) is not None}
     base_ref = _model_ref(path, doc["base_model"], "base_model")
     refs = [_model_ref(path, e, f"models[{i}]") for i, e in enumerate(models)]
     per = [_per_model(path, mk, e, defaults, i) for i, e in enumerate(models)]
@@ -159,16 +274,27 @@ def read_config(path) -> MergekitConfig:
     if not refs:
         _fail(path, "models: no model besides base_model")
     order = _order(path, refs, glob.get("pruning_order")) if mk == "cabs" else list(range(len(refs)))
+    per = [per[i] for i in order]
+    keys = [k for k in TENSOR_PARAMS if k in MODEL_PARAMS[mk]]
+    settings = [p.get(k, top.get(k)) for p in per for k in keys]
+    per_tensor = any(isinstance(s, tuple) for s in settings)
     default_nm = _nm(path, "parameters.default_n_m_ratio", glob["default_n_m_ratio"]) \
         if glob.get("default_n_m_ratio") is not None else None
     for key in FLAGS:
         if key in glob and not isinstance(glob[key], bool):
             _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
     params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
+    tensor = None
+    if per_tensor:   # the plan's own weights / densities are placeholders: every tensor gets its own
+        tensor = TensorSettings(own={k: [p.get(k) for p in per] for k in keys}, top={k: top.get(k) for k in keys},
+                                raw={"models": [p["raw"] for p in per],
+                                     "parameters": {k: glob[k] for k in keys if glob.get(k) is not None}})
     cfg = MergekitConfig(method=METHODS[mk], mergekit_method=mk, base=_resolve(path, base_ref),
-                         models=[_resolve(path, refs[i]) for i in order], weights=[per[i]["weight"] for i in order],
-                         densities=[per[i]["density"] for i in order],
-                         nms=[per[i]["nm"] or default_nm or CABS_FALLBACK_NM for i in order], params=params)
+                         models=[_resolve(path, refs[i]) for i in order],
+                         weights=[1.0 if per_tensor else p.get("weight", top.get("weight", 1.0)) for p in per],
+                         densities=[None if per_tensor else p.get("density", top.get("density")) for p in per],
+                         nms=[p["nm"] or default_nm or CABS_FALLBACK_NM for p in per], params=params,
+                         tensor=tensor)
     for key in ("out_dtype", "dtype"):
         if doc.get(key) is not None:
             cfg.out_dtype = _dtype(path, key, doc[key])

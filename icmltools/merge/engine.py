@@ -23,7 +23,7 @@ import fnmatch
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from icmltools.core.errors import BadInputError, RuntimeFailure
@@ -224,6 +224,7 @@ class Plan:
     chunk_elems: int | None = CHUNK_ELEMS
     include: tuple = ()
     exclude: tuple = ()
+    tensor_params: Callable | None = None  # name -> {"weights": .., "densities": ..} of that tensor, or None
 
     def selected(self, name: str) -> bool:
         """Whether tensor `name` is merged (include globs, if any, match it and no exclude glob does)."""
@@ -231,12 +232,25 @@ class Plan:
             return False
         return not any(fnmatch.fnmatchcase(name, g) for g in self.exclude)
 
+    def for_tensor(self, name: str) -> "Plan":
+        """The plan of tensor `name`: this one, or with the weights / densities `tensor_params` gives that tensor
+        (per-tensor settings, as mergekit's filters and layer gradients), checked as make_plan checks them."""
+        got = self.tensor_params(name) if self.tensor_params is not None else None
+        if not got:
+            return self
+        w = tuple(float(x) for x in got.get("weights", self.weights))
+        d = tuple(None if x is None else float(x) for x in got.get("densities", self.densities))
+        _check_values(self.method, w, d, f" (tensor {name!r})")
+        return replace(self, weights=w, densities=d, tensor_params=None)
+
     def describe(self) -> dict:
         """The plan as plain data (records, run folders)."""
+        tp = self.tensor_params
         return {"method": self.method.name, "n_models": self.n_models, "weights": list(self.weights),
                 "densities": list(self.densities), "options": dict(self.options), "models": [dict(m) for m in self.models],
                 "seed": self.seed, "dare_p": self.dare_p, "chunk_elems": self.chunk_elems,
-                "include": list(self.include), "exclude": list(self.exclude)}
+                "include": list(self.include), "exclude": list(self.exclude),
+                **({"tensor_params": getattr(tp, "describe", lambda: "per tensor")()} if tp is not None else {})}
 
 
 def _per_model(values, n: int, default, what: str) -> tuple:
@@ -250,23 +264,30 @@ def _per_model(values, n: int, default, what: str) -> tuple:
     return vals
 
 
+def _check_values(m: MergeMethod, w: tuple, d: tuple, where: str = "") -> None:
+    """Weights finite (and 1 where the method takes none), densities in (0, 1] where the method uses them."""
+    if not all(math.isfinite(x) for x in w):
+        raise BadInputError(f"weights must be finite numbers, got {list(w)}{where}", param="weights")
+    if not m.weighted and any(x != 1.0 for x in w):
+        raise BadInputError(f"{m.name} takes no per-model weights{where}", param="weights")
+    if m.uses_density and not all(x is not None and 0.0 < float(x) <= 1.0 for x in d):
+        raise BadInputError(f"densities must be in (0, 1], got {list(d)}{where}", param="densities")
+
+
 def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densities=None, options: Mapping | None = None,
               model_options: Sequence[Mapping] | None = None, seed: int = 0, dare_p: float = 0.0,
-              chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Plan:
+              chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = (),
+              tensor_params: Callable | None = None) -> Plan:
     """Resolve and check a merge before anything is read: per-model lists (one value broadcasts), densities in
-    (0, 1], weights finite, unknown options refused, then the method's own checks."""
+    (0, 1], weights finite, unknown options refused, then the method's own checks. `tensor_params` (name ->
+    {"weights", "densities"} or None) gives a tensor its own values, checked when the files are opened."""
     m = get_method(method)
     if n_models < m.min_models:
         raise BadInputError(f"{m.name} merges at least {m.min_models} model{'s' * (m.min_models != 1)}, got {n_models}",
                             param="models")
     w = tuple(float(x) for x in _per_model(weights, n_models, 1.0, "weights"))
-    if not all(math.isfinite(x) for x in w):
-        raise BadInputError("weights must be finite numbers", param="weights")
-    if not m.weighted and any(x != 1.0 for x in w):
-        raise BadInputError(f"{m.name} takes no per-model weights", param="weights")
     d = _per_model(densities, n_models, m.default_density, "densities")
-    if m.uses_density and not all(x is not None and 0.0 < float(x) <= 1.0 for x in d):
-        raise BadInputError(f"densities must be in (0, 1], got {list(d)}", param="densities")
+    _check_values(m, w, d)
     d = tuple(None if x is None else float(x) for x in d)
     opts = dict(options or {})
     unknown = sorted(set(opts) - set(m.options))
@@ -285,7 +306,7 @@ def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densiti
     if chunk_elems is not None and chunk_elems < 1:
         raise BadInputError(f"must be >= 1, got {chunk_elems}", param="chunk_elems")
     plan = Plan(m, n_models, w, d, {**m.options, **opts}, models, seed, float(dare_p), chunk_elems,
-                tuple(include), tuple(exclude))
+                tuple(include), tuple(exclude), tensor_params)
     m.validate(plan)
     return plan
 
@@ -634,6 +655,9 @@ def open_and_check(base: CheckpointReader, models: Sequence[CheckpointReader], p
         raise BadInputError(f"the filters leave none of the {len(floats)} floating-point tensors of {base.path} to "
                             f"merge (include {list(plan.include)}, exclude {list(plan.exclude)})",
                             param="include" if plan.include else "exclude")
+    for n in floats:
+        if plan.tensor_params is not None and plan.selected(n):
+            plan.for_tensor(n)  # every tensor's own weights / densities are checked before anything is written
     return [f"{kind} glob {g!r} matches no tensor name of {base.path}"
             for kind, globs in (("include", plan.include), ("exclude", plan.exclude)) for g in globs
             if not any(fnmatch.fnmatchcase(n, g) for n in base.specs)]
@@ -996,6 +1020,7 @@ def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan
             stats.excluded.append(name)
             yield name, spec, None
         else:
+            run.plan = plan.for_tensor(name)  # consumed before the next tensor (see above)
             yield name, spec, _tensor_chunks(run, spec)
         stats.seconds = time.perf_counter() - t0
         stats.compiled_loops += K.runs() - k0
