@@ -195,6 +195,25 @@ def _ties_ref(taus, dens, w, masks=None):
     return acc / torch.where(div == 0, torch.ones(()), div)
 
 
+@pytest.mark.parametrize("chunk", [None, 50])
+def test_normalize_without_consensus_divides_by_the_sum_of_the_weights(chunk):
+    """mergekit's `normalize` where no sign is elected (generalized_task_arithmetic.py: task_arithmetic,
+    dare_linear, breadcrumbs; here magnitude too): the weighted sum divided by the float32 sum of every model's
+    weight; weights summing to ~0 (|sum| < 1e-8) divide by 1. (It used to be ignored: the sum came out as is.)"""
+    taus = _taus(n=3)
+
+    def run(name, w, normalize):
+        plan = E.make_plan(name, 3, densities=[0.3, 0.2, 0.5], weights=w, chunk_elems=chunk, seed=9,
+                           options={"normalize": normalize})
+        return E.merge_tensor(taus, plan, name="layer")[0]
+
+    for name in ("task_arithmetic", "magnitude", "dare", "breadcrumbs"):
+        w = [1.0, 0.5, 0.75]
+        plain = run(name, w, False)
+        assert torch.equal(run(name, w, True), plain / torch.tensor(w).view(-1, 1).sum(0)), name
+        assert torch.equal(run(name, [1.0, -1.0, 0.0], True), run(name, [1.0, -1.0, 0.0], False)), name
+
+
 def _dare_masks(taus, dens, seed, name):
     return [torch.rand(t.shape, generator=derive(seed, "dare", name, i).torch()) >= (1.0 - d)
             for i, (t, d) in enumerate(zip(taus, dens))]

@@ -52,8 +52,9 @@ def _count(t) -> int:
 class Weighted(MergeMethod):
     """sum_i w_i * sparsify_i(tau_i), with TIES' sign election and disjoint (weighted) mean when ``consensus``.
 
-    Subclasses set ``sparsify`` (:meth:`prune` of one model's chunk) and the class flags; ``normalize``
-    divides by the sum of the weights that contribute to each element (mergekit's ``normalize``)."""
+    Subclasses set ``sparsify`` (:meth:`prune` of one model's chunk) and the class flags; ``normalize`` (as
+    mergekit's) divides by the sum of the weights that agree with the elected sign at each element (consensus),
+    else by the sum of every model's weight (:meth:`divisor`)."""
 
     reference = "Ilharco et al., Editing Models with Task Arithmetic, ICLR 2023 (arXiv 2212.04089)"
     options = {"normalize": False}
@@ -108,11 +109,38 @@ class Weighted(MergeMethod):
         else:
             st.div.add_(agree.to(st.div.dtype) * w)
 
+    def divisor(self, st) -> float | None:
+        """mergekit's ``normalize`` without a sign consensus (generalized_task_arithmetic.py): the weighted sum
+        divided by the sum of every model's weight, summed in the compute dtype as mergekit sums them (|sum| <
+        1e-8: by 1). None: nothing to divide (no normalize, a consensus method, or a sum of 1)."""
+        if self.consensus or not st.plan.options.get("normalize"):
+            return None
+        import torch
+
+        s = float(torch.tensor(st.plan.weights, dtype=st.dtype).view(-1, 1).sum(0))
+        return None if abs(s) < 1e-8 or s == 1.0 else s
+
+    def merge_raw(self, st, raws, base, wanted):
+        """The subclass's one-pass loop (:meth:`_merge_raw`); with a divisor the loop does not write the output
+        itself (st.emit), the sum is divided, and the engine adds it to the base."""
+        s = self.divisor(st)
+        if s is None:
+            return self._merge_raw(st, raws, base, wanted)
+        st.emit = None
+        got = self._merge_raw(st, raws, base, wanted)
+        if got is not None and not got[0]:
+            got[1].div_(s)
+        return got
+
+    def _merge_raw(self, st, raws, base, wanted):
+        return None
+
     def finish(self, st):
         import torch
 
         if not self.consensus:
-            return st.total, _count(st.total)
+            s = self.divisor(st)
+            return (st.total if s is None else st.total.div_(s)), _count(st.total)
         kept = K.ties_finish(st.acc, st.div, st.plan.options["normalize"])
         if kept is not None:
             return st.acc, kept
@@ -134,7 +162,7 @@ class TaskArithmetic(Weighted):
     def add_raw(self, st, raw, base, i, k, p):
         return K.tau_accumulate(raw, base, st.total, st.plan.weights[i], k == 0)
 
-    def merge_raw(self, st, raws, base, wanted):
+    def _merge_raw(self, st, raws, base, wanted):
         got = K.sum_raw(base, raws, [st.plan.weights[i] for i in wanted], st.total, emit=st.emit)
         return None if got is None else (got[0], st.total, got[1], got[2])
 
@@ -198,7 +226,7 @@ class _Magnitude(Weighted):
         st.count_pairs(wanted, got[3])
         return 0, out, got[1], got[4]
 
-    def merge_raw(self, st, raws, base, wanted):
+    def _merge_raw(self, st, raws, base, wanted):
         """Every model's chunk pruned by its TopK and combined in one compiled loop (each input read once; TIES'
         two passes in one); the ties each model met advance its TopK in every pass, as feeding it would. Before
         any scan (:meth:`defers`): the thresholds found in the same pass."""
@@ -249,7 +277,7 @@ class Dare(Weighted):
 
     one_pass = True
 
-    def merge_raw(self, st, raws, base, wanted):
+    def _merge_raw(self, st, raws, base, wanted):
         """Every model's chunk dropped and rescaled by its own stream and combined in one compiled loop (the
         masks drawn for all models in parallel; DARE-TIES' two passes in one: the second pass's streams are set
         to where the first's are, as redrawing the same numbers would leave them)."""
@@ -343,9 +371,9 @@ class Breadcrumbs(_Magnitude):
         st.count_pairs(wanted, got[3])
         return 0, out, got[1], got[4]
 
-    def merge_raw(self, st, raws, base, wanted):
+    def _merge_raw(self, st, raws, base, wanted):
         """Every model's chunk pruned to its band (kept by the first TopK, not by the top's) and summed in one
-        compiled loop, as :meth:`_Magnitude.merge_raw`; both TopKs advance by the ties they met. Before any scan
+        compiled loop, as :meth:`_Magnitude._merge_raw`; both TopKs advance by the ties they met. Before any scan
         (:meth:`defers`): both thresholds found in the same pass."""
         if not st.topk:
             return self._merge_deferred(st, raws, base, wanted, st.total)
