@@ -555,6 +555,38 @@ def test_cli_config_per_tensor_filters_and_gradients(layered, tmp_path, monkeypa
         [(None, [0.25, 1.0], [0.5, 0.5]), (None, [0.75, 0.75], [0.25, 0.75])]
 
 
+def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
+    """`normalize: true` on task_arithmetic divides the weighted sum by the sum of the weights (mergekit's
+    divisor without a consensus; it used to be ignored), written to the file by the one-pass path; dare_ties
+    without `normalize` does not normalize (mergekit 0.1.5's default; our own dare_ties' default does)."""
+    import json
+
+    from icmltools.merge import engine as E
+
+    d, base, models = layered
+    (tmp_path / "ta.yml").write_text("merge_method: task_arithmetic\nbase_model: in/base.safetensors\nmodels:\n"
+                                     "  - {model: in/m0.safetensors, parameters: {weight: 0.5}}\n"
+                                     "  - {model: in/m1.safetensors, parameters: {weight: 0.75}}\n"
+                                     "parameters: {normalize: true}\n")
+    (tmp_path / "dt.yml").write_text("merge_method: dare_ties\nbase_model: in/base.safetensors\nmodels:\n"
+                                     "  - {model: in/m0.safetensors, parameters: {weight: 0.5}}\n"
+                                     "  - {model: in/m1.safetensors, parameters: {weight: 0.75}}\n"
+                                     "parameters: {density: 1.0}\n")
+    outs = {}
+    for name in ("ta", "dt"):
+        res = _cli(["--config", f"{name}.yml", "--out", name], tmp_path, monkeypatch, d)
+        assert res.exit_code == 0, res.stderr
+        outs[name] = _load(json.loads(res.stdout)["result"]["output"])
+    for k, b in base.items():
+        tau = (models[0][k] - b) * 0.5 + (models[1][k] - b) * 0.75
+        assert torch.equal(outs["ta"][k], b + tau / torch.tensor([0.5, 0.75]).view(-1, 1).sum(0)), k
+        ref = {}
+        for normalize in (False, True):
+            plan = E.make_plan("dare_ties", 2, weights=[0.5, 0.75], densities=[1.0], options={"normalize": normalize})
+            ref[normalize] = E.merge_state_dicts({k: b}, [{k: m[k]} for m in models], plan)[0][k]
+        assert torch.equal(outs["dt"][k], ref[False]) and not torch.equal(outs["dt"][k], ref[True]), k
+
+
 @pytest.mark.parametrize("weight,msg", [
     ("{filter: mlp, value: 0.5}", "models[0].weight: a condition goes in a list"),
     ("[{filter: mlp, value: 0.5}, 0.25]", "models[0].weight[1]: expected {filter: ..., value: ...}"),

@@ -3,7 +3,7 @@
 Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (each ``model`` with optional
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
-``normalize`` (a boolean), ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
+``normalize`` (a boolean; unset: mergekit's default, true for ties only), ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
 ``int8_mask`` (true or false: the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
 the merge is the same; accepted and not used); a density left unset is mergekit's 1.0; weight and density may be
 set per tensor: gradients and filter conditions, :func:`evaluate`), ``dtype`` and
@@ -38,6 +38,7 @@ GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmeti
 FLAGS = ("normalize", "rescale", "int8_mask")       # booleans in mergekit: a string such as "no" is refused
 NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; int8_mask changes nothing (above)
 TENSOR_PARAMS = ("weight", "density")   # per model, settable per tensor (filters, layer gradients)
+NORMALIZED = {"ties"}   # mergekit 0.1.5's default_normalize is true for these only (our own dare_ties: true)
 
 
 @dataclass
@@ -284,6 +285,8 @@ def read_config(path) -> MergekitConfig:
         if key in glob and not isinstance(glob[key], bool):
             _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
     params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
+    if "normalize" in GLOBAL_PARAMS[mk]:
+        params.setdefault("normalize", mk in NORMALIZED)
     tensor = None
     if per_tensor:   # the plan's own weights / densities are placeholders: every tensor gets its own
         tensor = TensorSettings(own={k: [p.get(k) for p in per] for k in keys}, top={k: top.get(k) for k in keys},
