@@ -181,7 +181,7 @@ def _ties_ref(taus, dens, w, masks=None):
     """TIES Algorithm 1 (Yadav et al. 2023): trim, elect sgn(sum) by mass, disjoint (weighted) mean."""
     kept = []
     for i, t in enumerate(taus):
-        m = masks[i] if masks is not None else _topk_ref(t, int(dens[i] * t.numel()))
+        m = masks[i] if masks is not None else _topk_ref(t, max(1, int(dens[i] * t.numel())))
         kept.append(torch.where(m, t, torch.zeros(())) * w[i])
     total = kept[0].clone()
     for t in kept[1:]:
@@ -193,6 +193,17 @@ def _ties_ref(taus, dens, w, masks=None):
         acc = acc + torch.where(agree, t, torch.zeros(()))
         div = div + agree.float() * w[i]
     return acc / torch.where(div == 0, torch.ones(()), div)
+
+
+def test_magnitude_keeps_at_least_one_element_of_a_tiny_tensor():
+    """mergekit 0.1.5's magnitude sparsification keeps max(1, int(density * numel)) of a non-empty tensor (TIES,
+    magnitude); Breadcrumbs keeps int(density * numel) (its target count has no floor there either)."""
+    taus = [torch.tensor([0.5, -2.0, 1.0, 0.25]), torch.tensor([-0.125, 0.75, 3.0, -1.5])]
+    for name, want in (("magnitude", [0.0, -2.0, 3.0, 0.0]), ("ties", [0.0, -2.0, 3.0, 0.0])):
+        got = E.merge_tensor(taus, E.make_plan(name, 2, densities=[0.2], options={"normalize": False}))[0]
+        assert got.tolist() == want, name
+    got = E.merge_tensor(taus, E.make_plan("breadcrumbs", 2, densities=[0.2], options={"gamma": 0.0}))[0]
+    assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
 @pytest.mark.parametrize("chunk", [None, 50])
@@ -242,7 +253,7 @@ def test_general_methods_equal_the_papers_loops(chunk):
         return E.merge_tensor(taus, E.make_plan(name, 3, densities=dens, weights=w, chunk_elems=chunk, seed=9, **kw),
                               name="layer")[0]
 
-    mag = [torch.where(_topk_ref(t, int(d * n)), t, torch.zeros(())) for t, d in zip(taus, dens)]
+    mag = [torch.where(_topk_ref(t, max(1, int(d * n))), t, torch.zeros(())) for t, d in zip(taus, dens)]
     assert torch.equal(run("magnitude"), _sum_ref(mag, w))
     assert torch.equal(run("ties"), _ties_ref(taus, dens, w))
     assert torch.equal(run("dare"), _sum_ref(_dare_ref(taus, dens, 9, "layer"), w))

@@ -179,7 +179,7 @@ class _Magnitude(Weighted):
         d = st.plan.densities[i]
         if st.plan.options.get("trim", "exact") == "keep_ties":
             return max(1, int(math.ceil(d * st.numel)))
-        return top_count(d, st.numel)
+        return min(st.numel, max(1, top_count(d, st.numel)))  # mergekit 0.1.5's magnitude: at least one
 
     def begin(self, st):
         st.topk = {}
