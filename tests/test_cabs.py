@@ -587,6 +587,33 @@ def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
         assert torch.equal(outs["dt"][k], ref[False]) and not torch.equal(outs["dt"][k], ref[True]), k
 
 
+def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypatch):
+    """mergekit's `lambda`: theta_0 + lambda * the (normalized) merged vector; refused with --lam-grid (the grid is
+    that scale) and when it is not a number."""
+    import json
+
+    from icmltools.merge import engine as E
+
+    d, base, models = layered
+    yml = ("merge_method: ties\nbase_model: in/base.safetensors\nmodels:\n"
+           "  - {model: in/m0.safetensors, parameters: {weight: 0.5, density: 0.5}}\n"
+           "  - {model: in/m1.safetensors, parameters: {weight: 0.75, density: 0.5}}\n"
+           "parameters: {lambda: LAM}\n")
+    (tmp_path / "l.yml").write_text(yml.replace("LAM", "0.5"))
+    res = _cli(["--config", "l.yml", "--out", "l"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    plan = E.make_plan("ties", 2, weights=[0.5, 0.75], densities=[0.5], options={"normalize": True})
+    ref, _ = E.merge_state_dicts(base, models, plan, lam=0.5)
+    out = _load(r["output"])
+    assert r["scale"] == 0.5 and all(torch.equal(out[k], ref[k]) for k in base)
+    res = _cli(["--config", "l.yml", "--lam-grid", "0.5,1", "--eval-cmd", "true", "--out", "g"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "parameters.lambda is the global scale --lam-grid searches" in res.stderr
+    (tmp_path / "s.yml").write_text(yml.replace("LAM", "[0.5, 1.0]"))
+    res = _cli(["--config", "s.yml", "--out", "s"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "parameters.lambda: expected a finite number, got [0.5, 1.0]" in res.stderr
+
+
 @pytest.mark.parametrize("weight,msg", [
     ("{filter: mlp, value: 0.5}", "models[0].weight: a condition goes in a list"),
     ("[{filter: mlp, value: 0.5}, 0.25]", "models[0].weight[1]: expected {filter: ..., value: ...}"),

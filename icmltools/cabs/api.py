@@ -134,11 +134,12 @@ class FileJob:
     eval_cmd: str | None = None
     eval_timeout: float | None = None
     out_dtype: str = "same"
+    scale: float = 1.0   # the global scale of the merged vector (a mergekit config's lambda)
 
     def config(self) -> dict:
         return {"method": self.method, "base": str(self.base.path), "models": [str(m.path) for m in self.models],
                 "nm": [f"{n}:{m}" for n, m in self.nms], "lam": self.lams, "tail": self.tail, "format": self.fmt,
-                "dtype": self.out_dtype,
+                "dtype": self.out_dtype, "scale": self.scale,
                 "plan": self.plan.describe(), "lam_grid": self.lam_grid, "eval_cmd": self.eval_cmd, **self.source}
 
 
@@ -259,13 +260,14 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
     out_path = Path(out_dir) / default_output_name(job.base, job.fmt)
     record = {"tool": "icml cabs-merge", "method": job.method, "order": [str(m.path) for m in job.models],
               "nm": [f"{n}:{m}" for n, m in job.nms], "lam": job.lams, "tail": job.tail, "dtype": job.out_dtype,
-              "operation": "theta_0 + sum_k lam_k * prune_k(theta_k - theta_0)", "base": str(job.base.path)}
+              "operation": "theta_0 + scale * sum_k lam_k * prune_k(theta_k - theta_0)", "scale": job.scale,
+              "base": str(job.base.path)}
     if job.plan.tensor_params is not None:
         record["tensor_params"] = job.plan.describe()["tensor_params"]
     t0 = time.perf_counter()
     search = None
     if job.lam_grid is None:
-        stats = E.merge_to_checkpoint(job.base, job.models, job.plan, 1.0, out_path, fmt=job.fmt, device=device,
+        stats = E.merge_to_checkpoint(job.base, job.models, job.plan, job.scale, out_path, fmt=job.fmt, device=device,
                                       record=record, sign=1, progress=progress, allow_non_finite=allow_non_finite,
                                       out_dtype=job.out_dtype)
     else:
@@ -281,7 +283,8 @@ def merge_files(job: FileJob, out_dir, *, device: str = "cpu", progress: Callabl
             "models": _model_rows(job, s, short), "overlap": s.get("overlap"), "tensor_density": tensor_density,
             "kept_fraction": s["kept_fraction"], "non_finite_inputs": s["non_finite_inputs"], "skipped_non_float": s["skipped_non_float"],
             "excluded": s.get("excluded", []), "warnings": job.warnings, "output": str(out_path),
-            "output_format": job.fmt, "output_dtype": job.out_dtype, "bytes_read": s["bytes_read"], "seconds": seconds,
+            "output_format": job.fmt, "output_dtype": job.out_dtype, "scale": job.scale, "bytes_read": s["bytes_read"],
+            "seconds": seconds,
             "read_gb_per_s": s["bytes_read"] / 1e9 / seconds if seconds > 0 else None, "kernels": s["kernels"],
             "peak_rss_gb": _peak_rss_gb(),
             "lambda_search": search,
@@ -317,8 +320,8 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
 
     cfg = mkconfig.read_config(path)
     options = {k: v for k, v in cfg.params.items() if k in ("normalize", "gamma")}
-    if cfg.params.get("lambda", 1.0) != 1.0:
-        raise BadInputError(f"{path}: parameters.lambda (a global scale) is not supported; fold it into the weights",
+    if cfg.params.get("lambda", 1.0) != 1.0 and lam_grid is not None:
+        raise BadInputError(f"{path}: parameters.lambda is the global scale --lam-grid searches; drop one of them",
                             param="config")
     if cfg.params.get("rescale", True) is not True:
         raise BadInputError(f"{path}: parameters.rescale: false is not supported (DARE rescales)", param="config")
@@ -331,6 +334,7 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
                         include=include, exclude=exclude, out_dtype=cfg.out_dtype,
                         source={"file": str(path), "merge_method": cfg.mergekit_method})
     job.warnings.extend(cfg.warnings)
+    job.scale = float(cfg.params.get("lambda", 1.0))   # mergekit: theta_0 + lambda * the (normalized) merged sum
     if cfg.tensor is not None:   # filters / gradients: each tensor's weights and densities, checked now
         from icmltools.merge import engine as E
 

@@ -3,14 +3,14 @@
 Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (each ``model`` with optional
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
-``normalize`` (a boolean; unset: mergekit's default, true for ties only), ``lambda`` (1 only), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only),
-``int8_mask`` (true or false: the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
-the merge is the same; accepted and not used); a density left unset is mergekit's 1.0; weight and density may be
-set per tensor: gradients and filter conditions, :func:`evaluate`), ``dtype`` and
-``out_dtype`` (the output dtype of the floating tensors: ``out_dtype`` if set, else ``dtype``, as mergekit writes
-them; the merge itself computes in float32, where mergekit computes in ``dtype``). Anything else (``slices``,
-``tokenizer_source``, an unknown method or parameter) is refused in one line naming it: a silently ignored field
-would merge something else than the file asks for.
+``normalize`` (a boolean; unset: mergekit's default, true for ties only), ``lambda`` (a number: the merged
+vector's scale), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only), ``int8_mask`` (true or false:
+the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so the merge is the same; accepted
+and not used); a density left unset is mergekit's 1.0; weight and density may be set per tensor: gradients and
+filter conditions, :func:`evaluate`), ``dtype`` and ``out_dtype`` (the output dtype of the floating tensors:
+``out_dtype`` if set, else ``dtype``, as mergekit writes them; the merge itself computes in float32, where
+mergekit computes in ``dtype``). Anything else (``slices``, ``tokenizer_source``, an unknown method or parameter)
+is refused in one line naming it: a silently ignored field would merge something else than the file asks for.
 """
 from __future__ import annotations
 
@@ -284,6 +284,8 @@ def read_config(path) -> MergekitConfig:
     for key in FLAGS:
         if key in glob and not isinstance(glob[key], bool):
             _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
+    if glob.get("lambda") is not None:   # one number: the merged vector's scale (no per-tensor setting here)
+        glob = {**glob, "lambda": _number(path, "parameters.lambda", glob["lambda"])}
     params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
     if "normalize" in GLOBAL_PARAMS[mk]:
         params.setdefault("normalize", mk in NORMALIZED)
