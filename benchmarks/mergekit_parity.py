@@ -5,7 +5,7 @@ explained").
 
 mergekit goes in its own venv (`python -m venv --system-site-packages /tmp/mkvenv && /tmp/mkvenv/bin/pip install
 mergekit==0.1.5`: the CPU torch already installed is reused). A small Llama model (float32 Hugging Face folders:
-base + 3 fine-tuned variants, 4 layers; sizes below) is generated in a temporary folder; every config below is run
+base + 3 fine-tuned variants, 4 layers, one word-level tokenizer; sizes below) is generated in a temporary folder; every config below is run
 by `mergekit-yaml` and by `icml cabs-merge --config` (one thread), and the outputs are compared tensor by tensor.
 Each config says what to expect: `bitwise` (the same bytes), or why they differ (DARE's random masks come from
 different generators; a bfloat16 `dtype` makes mergekit compute in bfloat16 where we compute in float32). Prints
@@ -77,6 +77,10 @@ CONFIGS = {   # name -> (config, what to expect)
         "  - model: m1\n    parameters: {weight: [1.0, 0.5]}\n"
         "  - model: m2\nparameters: {weight: [{filter: mlp, value: 0.125}, {value: 0.75}], normalize: true}\n"
         "dtype: float32\n", "bitwise"),
+    "ties_tokenizer_source_base": (_plain("ties", "weight: {w}, density: 0.5") + "tokenizer_source: base\n",
+                                   "bitwise"),
+    "task_arithmetic_tokenizer_source_union": (_plain("task_arithmetic", "weight: {w}") + "tokenizer_source: union\n",
+                                               "bitwise"),
     "task_arithmetic_bfloat16_dtype": (_plain("task_arithmetic", "weight: {w}", dtype="bfloat16"),
                                        "differs: mergekit computes in the config's bfloat16, we in float32 (one "
                                        "cast): roundings"),
@@ -108,10 +112,19 @@ def generate(folder: Path) -> None:
               "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
               "num_key_value_heads": 4, "vocab_size": VOCAB, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
               "max_position_embeddings": 64, "torch_dtype": "float32"}
+    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, VOCAB)}}   # a word-level tokenizer of VOCAB tokens
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "normalizer": None,
+                 "added_tokens": [{"id": 0, "content": "<unk>", "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True}],
+                 "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None, "decoder": None,
+                 "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}}
     for name in ("base",) + MODELS:
         sd = base if name == "base" else {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in base.items()}
         write_state_dict(sd, folder / name, fmt="hf_safetensors")
         (folder / name / "config.json").write_text(json.dumps(config))
+        (folder / name / "tokenizer.json").write_text(json.dumps(tokenizer))
+        (folder / name / "tokenizer_config.json").write_text(
+            json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>"}))
 
 
 def _load(folder: Path) -> dict:

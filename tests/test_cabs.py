@@ -328,7 +328,7 @@ def ckpts(tmp_path_factory):
     (d / "dtype.yml").write_text("merge_method: ties\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n"
                                  "dtype: int8\n")
     (d / "field.yml").write_text("merge_method: ties\nbase_model: base.safetensors\nmodels: [{model: m0.safetensors}]\n"
-                                 "tokenizer_source: union\n")
+                                 "chat_template: chatml\n")
     (d / "param.yml").write_text("merge_method: cabs\nbase_model: base.safetensors\n"
                                  "models: [{model: m0.safetensors, parameters: {density: 0.5}}]\n")
     return d, base, models
@@ -614,6 +614,90 @@ def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypat
     assert res.exit_code == 2 and "parameters.lambda: expected a finite number, got [0.5, 1.0]" in res.stderr
 
 
+def _vocab_json(n: int, swap: bool = False) -> str:
+    """A word-level tokenizer.json of n tokens (ids 0..n-1; `swap`: two ids exchanged)."""
+    import json
+
+    vocab = {"<unk>": 0, **{f"t{i}": i for i in range(1, n)}}
+    if swap:
+        vocab["t1"], vocab["t2"] = 2, 1
+    return json.dumps({"version": "1.0", "added_tokens": [{"id": 0, "content": "<unk>", "special": True}],
+                       "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}})
+
+
+@pytest.fixture(scope="module")
+def layered_hf(layered):
+    """The layered checkpoints as Hugging Face folders with config.json (vocab_size 48, the embeddings' rows) and
+    one tokenizer.json; m1x: m1 with two token ids exchanged."""
+    import json
+    import shutil
+
+    from icmltools.taskvec import write_state_dict
+
+    d, base, models = layered
+    for name, sd in [("base", base)] + [(f"m{i}", m) for i, m in enumerate(models)]:
+        write_state_dict(sd, d / f"{name}_hf", fmt="hf_safetensors")
+        (d / f"{name}_hf" / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 48}))
+        (d / f"{name}_hf" / "tokenizer.json").write_text(_vocab_json(48))
+    shutil.copytree(d / "m1_hf", d / "m1x_hf")
+    (d / "m1x_hf" / "tokenizer.json").write_text(_vocab_json(48, swap=True))
+    return d, base, models
+
+
+TOK_YML = ("merge_method: ties\nbase_model: in/base_hf\nmodels:\n"
+           "  - {model: in/m0_hf, parameters: {weight: 0.5, density: 0.5}}\n"
+           "  - {model: in/M1, parameters: {weight: 0.75, density: 0.5}}\n")
+
+
+def test_cli_config_tokenizer_source_with_one_vocabulary(layered_hf, tmp_path, monkeypatch):
+    """tokenizer_source base / union where every vocabulary is the base's (ids 0..V-1, V = vocab_size): mergekit's
+    vocabulary permutation is the identity, so the output is the merge without it (checked against mergekit 0.1.5 in
+    benchmarks/mergekit_parity.py); the base's tokenizer goes with the output."""
+    import json
+    from pathlib import Path
+
+    d, _, _ = layered_hf
+    outs = {}
+    for src in ("", "base", "union"):
+        (tmp_path / f"t{src}.yml").write_text(TOK_YML.replace("M1", "m1_hf") + (f"tokenizer_source: {src}\n" if src else ""))
+        res = _cli(["--config", f"t{src}.yml", "--out", f"o{src}"], tmp_path, monkeypatch, d)
+        assert res.exit_code == 0, res.stderr
+        r = json.loads(res.stdout)["result"]
+        assert r["config"].get("tokenizer_source") == (src or None)
+        outs[src] = _load(r["output"])
+        assert (Path(r["output"]) / "tokenizer.json").read_text() == (d / "base_hf" / "tokenizer.json").read_text()
+    assert all(torch.equal(outs[s][k], outs[""][k]) for s in ("base", "union") for k in outs[""])
+
+
+@pytest.mark.parametrize("edit,msg", [
+    (lambda y: y.replace("M1", "m1x_hf"), "tokenizer_source: in/m1x_hf's vocabulary is not the base's (e.g. "
+                                          "[('t1', 1), ('t1', 2), ('t2', 1)]); mergekit would permute"),
+    (lambda y: y.replace("M1", "m1_hf").replace("_hf", ".safetensors"), "in/base.safetensors has no tokenizer.json"),
+    (lambda y: y.replace("M1", "m1_hf").replace("tokenizer_source: base", "tokenizer_source: in/m0_hf"),
+     "tokenizer_source: 'in/m0_hf' is not supported (base or union"),
+])
+def test_cli_config_tokenizer_source_refused(edit, msg, layered_hf, tmp_path, monkeypatch):
+    d, _, _ = layered_hf
+    (tmp_path / "t.yml").write_text(edit(TOK_YML + "tokenizer_source: base\n"))
+    res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and msg in res.stderr, res.stderr
+    assert not (tmp_path / "t").exists()
+
+
+def test_cli_config_tokenizer_source_padded_embeddings_refused(layered_hf, tmp_path, monkeypatch):
+    """vocab_size (the embeddings' rows) above the vocabulary's length: mergekit writes len(vocab) rows."""
+    import json
+    import shutil
+
+    d, _, _ = layered_hf
+    shutil.copytree(d / "base_hf", tmp_path / "pb")
+    (tmp_path / "pb" / "tokenizer.json").write_text(_vocab_json(40))
+    (tmp_path / "t.yml").write_text(TOK_YML.replace("M1", "m1_hf").replace("in/base_hf", "pb") + "tokenizer_source: base\n")
+    res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "pb's vocabulary has 40 tokens (ids 0..39) for vocab_size 48" in res.stderr
+    assert json.loads((tmp_path / "pb" / "config.json").read_text())["vocab_size"] == 48
+
+
 @pytest.mark.parametrize("weight,msg", [
     ("{filter: mlp, value: 0.5}", "models[0].weight: a condition goes in a list"),
     ("[{filter: mlp, value: 0.5}, 0.25]", "models[0].weight[1]: expected {filter: ..., value: ...}"),
@@ -680,7 +764,7 @@ BAD_INPUTS = [
                  id="unsafe pickle"),
     pytest.param(["--config", "in/unknown.yml", "--out", "r"], 2, "merge_method 'slerp' is not supported",
                  id="config unknown method"),
-    pytest.param(["--config", "in/field.yml", "--out", "r"], 2, "tokenizer_source not supported", id="config field"),
+    pytest.param(["--config", "in/field.yml", "--out", "r"], 2, "chat_template not supported", id="config field"),
     pytest.param(["--config", "in/param.yml", "--out", "r"], 2, "models[0].parameters: density not supported",
                  id="config parameter"),
     pytest.param(["--config", "in/missing.yml"], 2, "no such file", id="config missing"),

@@ -332,8 +332,11 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
                         out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
                         options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
                         include=include, exclude=exclude, out_dtype=cfg.out_dtype,
-                        source={"file": str(path), "merge_method": cfg.mergekit_method})
+                        source={"file": str(path), "merge_method": cfg.mergekit_method,
+                                **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})})
     job.warnings.extend(cfg.warnings)
+    if cfg.tokenizer_source is not None:   # the files exist and are compatible: now their vocabularies
+        mkconfig.same_vocabulary(path, cfg)
     job.scale = float(cfg.params.get("lambda", 1.0))   # mergekit: theta_0 + lambda * the (normalized) merged sum
     if cfg.tensor is not None:   # filters / gradients: each tensor's weights and densities, checked now
         from icmltools.merge import engine as E

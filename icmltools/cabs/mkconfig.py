@@ -9,8 +9,9 @@ the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so
 and not used); a density left unset is mergekit's 1.0; weight and density may be set per tensor: gradients and
 filter conditions, :func:`evaluate`), ``dtype`` and ``out_dtype`` (the output dtype of the floating tensors:
 ``out_dtype`` if set, else ``dtype``, as mergekit writes them; the merge itself computes in float32, where
-mergekit computes in ``dtype``). Anything else (``slices``, ``tokenizer_source``, an unknown method or parameter)
-is refused in one line naming it: a silently ignored field would merge something else than the file asks for.
+mergekit computes in ``dtype``), ``tokenizer_source`` (base or union where every vocabulary is the base's:
+:func:`same_vocabulary`). Anything else (``slices``, ``tokenizer``, an unknown method or parameter) is refused in
+one line naming it: a silently ignored field would merge something else than the file asks for.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from icmltools.merge.options import OUT_DTYPES
 METHODS = {"cabs": "cabs", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_linear": "dare",
            "dare_ties": "dare_ties", "breadcrumbs": "breadcrumbs"}
 CABS_FALLBACK_NM = (1, 4)   # the authors' mergekit method when neither n_m_ratio nor default_n_m_ratio is set
-TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype"}
+TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
+TOKENIZER_SOURCES = ("base", "union")   # the same output as no tokenizer_source when every vocabulary is the base's
 MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
@@ -55,6 +57,7 @@ class MergekitConfig:
     params: dict = field(default_factory=dict)
     warnings: list = field(default_factory=list)
     out_dtype: str = "same"               # out_dtype, else dtype, else each tensor keeps its own
+    tokenizer_source: str | None = None   # base / union: checked by same_vocabulary before the merge
     tensor: "TensorSettings | None" = None  # per-tensor weights / densities (filters, gradients), else None
 
 
@@ -304,7 +307,68 @@ def read_config(path) -> MergekitConfig:
         if doc.get(key) is not None:
             cfg.out_dtype = _dtype(path, key, doc[key])
             break
+    if doc.get("tokenizer_source") is not None:
+        if doc["tokenizer_source"] not in TOKENIZER_SOURCES:
+            _fail(path, f"tokenizer_source: {doc['tokenizer_source']!r} is not supported (base or union, when every "
+                        "model's vocabulary is the base's)")
+        cfg.tokenizer_source = doc["tokenizer_source"]
     return cfg
+
+
+def _vocabulary(folder: Path) -> dict | None:
+    """token -> id of a Hugging Face folder's tokenizer.json (the model's vocabulary and the added tokens, as
+    transformers' get_vocab), or None where the folder has no tokenizer.json."""
+    import json
+
+    f = folder / "tokenizer.json"
+    if not f.is_file():
+        return None
+    try:
+        doc = json.loads(f.read_text(encoding="utf-8"))
+        vocab = doc["model"]["vocab"]
+        out = dict(vocab) if isinstance(vocab, dict) else {piece[0]: i for i, piece in enumerate(vocab)}
+        out.update({t["content"]: t["id"] for t in doc.get("added_tokens") or []})
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise BadInputError(f"{f}: not a tokenizer.json this reads ({type(e).__name__}: {e})", param="config") from None
+    return out
+
+
+def _vocab_size(folder: Path):
+    import json
+
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def same_vocabulary(path, cfg: MergekitConfig) -> None:
+    """tokenizer_source base / union (mergekit's tokenizer/build.py, embed.py): the vocabulary-indexed tensors
+    are rebuilt row by row in the output vocabulary's order (ids >= config vocab_size stripped first, then
+    len(vocab) rows) and the base's tokenizer is written. That is the plain merge exactly when the base's
+    vocabulary (tokenizer.json: token -> id, added tokens included) has the ids 0..V-1 with V its config.json
+    vocab_size (the embeddings' rows), and every model's is the same (mergekit takes the base's for a model
+    without a tokenizer): checked here, anything else refused naming the difference."""
+    base = Path(cfg.base)
+    vb = _vocabulary(base) if base.is_dir() else None
+    if vb is None:
+        _fail(path, f"tokenizer_source: {base} has no tokenizer.json (a Hugging Face folder's), so the vocabularies "
+                    "cannot be compared")
+    v = _vocab_size(base)
+    if sorted(vb.values()) != list(range(len(vb))) or v != len(vb):
+        ids = f"{min(vb.values(), default=None)}..{max(vb.values(), default=None)}"
+        _fail(path, f"tokenizer_source: {base}'s vocabulary has {len(vb)} tokens (ids {ids}) for vocab_size {v}: "
+                    "mergekit would resize the embeddings; not supported")
+    for m in map(Path, cfg.models):
+        if not m.is_dir():
+            _fail(path, f"tokenizer_source: {m} is not a Hugging Face folder (mergekit reads its tokenizer there)")
+        vm = _vocabulary(m)
+        if vm is not None and vm != vb:
+            diff = sorted(set(vm.items()) ^ set(vb.items()), key=str)[:3]
+            _fail(path, f"tokenizer_source: {m}'s vocabulary is not the base's (e.g. {diff}); mergekit would "
+                        "permute the embeddings; not supported")
+        if _vocab_size(m) not in (None, v):
+            _fail(path, f"tokenizer_source: {m}'s vocab_size {_vocab_size(m)} is not the base's {v}")
 
 
 def _dtype(path, key: str, value) -> str:
