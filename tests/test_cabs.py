@@ -558,7 +558,8 @@ def test_cli_config_per_tensor_filters_and_gradients(layered, tmp_path, monkeypa
 def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
     """`normalize: true` on task_arithmetic divides the weighted sum by the sum of the weights (mergekit's
     divisor without a consensus; it used to be ignored), written to the file by the one-pass path; dare_ties
-    without `normalize` does not normalize (mergekit 0.1.5's default; our own dare_ties' default does)."""
+    without `normalize` does not normalize (mergekit 0.1.5's default; our own dare_ties' default does), nor does
+    breadcrumbs_ties."""
     import json
 
     from icmltools.merge import engine as E
@@ -585,6 +586,15 @@ def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
             plan = E.make_plan("dare_ties", 2, weights=[0.5, 0.75], densities=[1.0], options={"normalize": normalize})
             ref[normalize] = E.merge_state_dicts({k: b}, [{k: m[k]} for m in models], plan)[0][k]
         assert torch.equal(outs["dt"][k], ref[False]) and not torch.equal(outs["dt"][k], ref[True]), k
+    (tmp_path / "bt.yml").write_text((tmp_path / "dt.yml").read_text().replace("dare_ties", "breadcrumbs_ties")
+                                     .replace("density: 1.0}", "density: 0.5, gamma: 0.05}"))
+    res = _cli(["--config", "bt.yml", "--out", "bt"], tmp_path, monkeypatch, d)   # mergekit's breadcrumbs_ties
+    assert res.exit_code == 0, res.stderr
+    out = _load(json.loads(res.stdout)["result"]["output"])
+    plan = E.make_plan("breadcrumbs_ties", 2, weights=[0.5, 0.75], densities=[0.5],
+                       options={"normalize": False, "gamma": 0.05})
+    ref = E.merge_state_dicts(base, models, plan)[0]
+    assert all(torch.equal(out[k], ref[k]) for k in base)
 
 
 def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypatch):

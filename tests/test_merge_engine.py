@@ -259,13 +259,16 @@ def test_general_methods_equal_the_papers_loops(chunk):
     assert torch.equal(run("dare"), _sum_ref(_dare_ref(taus, dens, 9, "layer"), w))
     assert torch.equal(run("dare_ties"), _ties_ref(_dare_ref(taus, dens, 9, "layer"), dens, w,
                                                    masks=[torch.ones(t.shape, dtype=torch.bool) for t in taus]))
-    crumbs = []
+    crumbs, bands = [], []
     for t, d in zip(taus, dens):  # Breadcrumbs: drop the top gamma and the bottom, keep int(d * n)
         n_top = int(0.05 * n)
         n_bot = n - int(d * n) - n_top
-        keep = _topk_ref(t, n - n_bot) & ~_topk_ref(t, n_top)
-        crumbs.append(torch.where(keep, t, torch.zeros(())))
+        bands.append(_topk_ref(t, n - n_bot) & ~_topk_ref(t, n_top))
+        crumbs.append(torch.where(bands[-1], t, torch.zeros(())))
     assert torch.equal(run("breadcrumbs", options={"gamma": 0.05}), _sum_ref(crumbs, w))
+    # mergekit's breadcrumbs_ties: the same bands, then TIES' election and disjoint mean
+    assert torch.equal(run("breadcrumbs_ties", options={"gamma": 0.05, "normalize": True}),
+                       _ties_ref(taus, dens, w, masks=bands))
 
 
 def test_topk_breaks_ties_by_lower_index_in_every_chunking():
@@ -987,7 +990,7 @@ def test_deferred_thresholds_decline_what_they_cannot_place():
 
 
 @needs_numba
-@pytest.mark.parametrize("name", ["magnitude", "ties", "breadcrumbs"])
+@pytest.mark.parametrize("name", ["magnitude", "ties", "breadcrumbs", "breadcrumbs_ties"])
 def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, name):
     """The engine merges a tensor of at least DEFER_MIN elements in one chunk with the thresholds found in the
     pass (no scan; Breadcrumbs: both of each model's), a small one or a float16 one by scan then merge, and a

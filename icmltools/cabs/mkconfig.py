@@ -25,18 +25,18 @@ from icmltools.merge.options import OUT_DTYPES
 
 # mergekit merge_method -> ours
 METHODS = {"cabs": "cabs", "task_arithmetic": "task_arithmetic", "ties": "ties", "dare_linear": "dare",
-           "dare_ties": "dare_ties", "breadcrumbs": "breadcrumbs"}
+           "dare_ties": "dare_ties", "breadcrumbs": "breadcrumbs", "breadcrumbs_ties": "breadcrumbs_ties"}
 CABS_FALLBACK_NM = (1, 4)   # the authors' mergekit method when neither n_m_ratio nor default_n_m_ratio is set
 TOP_KEYS = {"merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source"}
 TOKENIZER_SOURCES = ("base", "union")   # the same output as no tokenizer_source when every vocabulary is the base's
 MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
-                "breadcrumbs": {"weight", "density"}}
+                "breadcrumbs": {"weight", "density"}, "breadcrumbs_ties": {"weight", "density"}}
 GTA_PARAMS = {"normalize", "lambda", "int8_mask"}   # mergekit's generalized task arithmetic: every method but cabs
 GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmetic": GTA_PARAMS, "ties": GTA_PARAMS,
                  "dare_linear": GTA_PARAMS | {"rescale"}, "dare_ties": GTA_PARAMS | {"rescale"},
-                 "breadcrumbs": GTA_PARAMS | {"gamma"}}
+                 "breadcrumbs": GTA_PARAMS | {"gamma"}, "breadcrumbs_ties": GTA_PARAMS | {"gamma"}}
 FLAGS = ("normalize", "rescale", "int8_mask")       # booleans in mergekit: a string such as "no" is refused
 NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; int8_mask changes nothing (above)
 TENSOR_PARAMS = ("weight", "density")   # per model, settable per tensor (filters, layer gradients)

@@ -13,7 +13,8 @@ REFERENCE = paper("CABS: Conflict-Aware and Balanced Sparsification for Enhancin
                   arxiv="2503.01874", code="https://github.com/zongzhenyang/CABS")
 
 # the method first, then its baselines on the same task vectors (the engine's names where it has them)
-METHODS = ("cabs", "task_arithmetic", "ties", "dare", "magnitude", "ca_magnitude", "bs", "breadcrumbs", "dare_ties")
+METHODS = ("cabs", "task_arithmetic", "ties", "dare", "magnitude", "ca_magnitude", "bs", "breadcrumbs", "dare_ties",
+           "breadcrumbs_ties")
 # the methods this package defines (the others come from the shared merge engine)
 OWN_METHODS = ("cabs", "ca_magnitude", "bs")
 # what happens to the last partial block of a tensor whose size is not a multiple of m:

@@ -11,6 +11,7 @@ General methods (mergekit's names and parameters: per-model ``weight`` and ``den
 * ``dare_ties``: DARE's random drop instead of the trim, then TIES' election and disjoint mean.
 * ``breadcrumbs`` (Davari & Belilovsky 2024; mergekit ``magnitude_outliers``): drop the top gamma fraction
   and the smallest magnitudes, keeping int(d_i * numel) per tensor, then the weighted sum.
+* ``breadcrumbs_ties`` (mergekit's name): Breadcrumbs' band, then TIES' election and disjoint merge.
 
 NegMerge's methods (Kim et al. 2025 and its baselines; :mod:`icmltools.negmerge` gives them its own names):
 ``negmerge`` (sign-consensual mean), ``uniform`` (mean), ``magmax`` (largest magnitude per element),
@@ -359,34 +360,52 @@ class Breadcrumbs(_Magnitude):
         """merge_raw before any scan: both TopKs of each model from the thresholds the one pass found, or None."""
         ks = [self._ks(st, i) for i in wanted]
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
-                                    False, False, out, emit=st.emit, buf=lambda key, numel, dt: st.pool.get(
-                                        key, (numel,), dt), tops=[k[1] for k in ks], release=st.release)
+                                    self.consensus, bool(st.plan.options.get("normalize")), out, emit=st.emit,
+                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                                    tops=[k[1] for k in ks], release=st.release)
         if got is None:
             return None
         J = len(wanted)
         for j, (i, k) in enumerate(zip(wanted, ks)):
             st.topk[i] = (TopK(None, k[0], False, got[5][j], st.numel), TopK(None, k[1], False, got[5][J + j], st.numel))
-            st.topk[i][0].advance(0, got[5][j][2])
-            st.topk[i][1].advance(0, got[5][J + j][2])
+            for p in range(self.passes):
+                st.topk[i][0].advance(p, got[5][j][2])
+                st.topk[i][1].advance(p, got[5][J + j][2])
         st.count_pairs(wanted, got[3])
         return 0, out, got[1], got[4]
 
     def _merge_raw(self, st, raws, base, wanted):
-        """Every model's chunk pruned to its band (kept by the first TopK, not by the top's) and summed in one
-        compiled loop, as :meth:`_Magnitude._merge_raw`; both TopKs advance by the ties they met. Before any scan
-        (:meth:`defers`): both thresholds found in the same pass."""
+        """Every model's chunk pruned to its band (kept by the first TopK, not by the top's) and summed (or, with
+        the consensus, elected and merged disjointly) in one compiled loop, as :meth:`_Magnitude._merge_raw`; both
+        TopKs advance by the ties they met, in every pass. Before any scan (:meth:`defers`): both thresholds found
+        in the same pass."""
+        out = st.acc if self.consensus else st.total
         if not st.topk:
-            return self._merge_deferred(st, raws, base, wanted, st.total)
+            return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
-                               [st.plan.weights[i] for i in wanted], False, False, st.total, emit=st.emit,
+                               [st.plan.weights[i] for i in wanted], self.consensus,
+                               bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                tops=[st.topk[i][1].selection(0) for i in wanted])
         if got is None or got[0]:
-            return None if got is None else (got[0], st.total, 0, None)
+            return None if got is None else (got[0], out, 0, None)
         for i, ties, ties2 in zip(wanted, got[2], got[5]):
-            st.topk[i][0].advance(0, ties)
-            st.topk[i][1].advance(0, ties2)
+            for p in range(self.passes):
+                st.topk[i][0].advance(p, ties)
+                st.topk[i][1].advance(p, ties2)
         st.count_pairs(wanted, got[3])
-        return 0, st.total, got[1], got[4]
+        return 0, out, got[1], got[4]
+
+
+class BreadcrumbsTies(Breadcrumbs):
+    """Breadcrumbs' band (top gamma and the smallest dropped), then TIES' sign election and disjoint merge
+    (mergekit ``breadcrumbs_ties``: magnitude_outliers sparsification with the sum consensus; normalize off by
+    default, as mergekit 0.1.5)."""
+
+    name = "breadcrumbs_ties"
+    reference = "Davari & Belilovsky, ECCV 2024 (Breadcrumbs) with Yadav et al., NeurIPS 2023 (TIES)"
+    buffers = Ties.buffers
+    consensus = True
+    passes = 2
 
 
 # --------------------------------------------------------------------------------------------- NegMerge's methods
@@ -517,5 +536,6 @@ class MagMax(MergeMethod):
         return st.best, _count(st.best)
 
 
-for _cls in (TaskArithmetic, Magnitude, Dare, Ties, DareTies, Breadcrumbs, NegMerge, Uniform, TaskVector, MagMax):
+for _cls in (TaskArithmetic, Magnitude, Dare, Ties, DareTies, Breadcrumbs, BreadcrumbsTies, NegMerge, Uniform,
+             TaskVector, MagMax):
     register(_cls)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 # the engine's general methods (icmltools.merge.methods registers one class per name; a test checks they agree)
-METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs")
+METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs", "breadcrumbs_ties")
 # elements per chunk for methods that are local (element-wise rules, n:m blocks); 2^21 float32 = 8 MiB. Smaller
 # chunks cost more per-chunk work (calls into the loops, views, output slots): base + 4 bf16 models of 1 GB merged
 # to disk, 2 threads, 2^20 -> 2^21, rounds 2 and 3 of three, alternated (2026-12-03): task arithmetic 1.09-1.15 ->
