@@ -728,15 +728,20 @@ def test_config_bad_per_tensor_settings(weight, msg, tmp_path):
 
 
 def test_cli_config_per_tensor_value_out_of_range_is_named(layered, tmp_path, monkeypatch):
-    """A gradient whose interpolated density is 0 at one layer: refused naming that tensor, nothing written."""
+    """A gradient whose interpolated density is 0 at one layer: refused naming that tensor, nothing written; a
+    density the file sets to 0 is the file's error (it was reported as --nm's)."""
     d, _, _ = layered
     (tmp_path / "z.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.0, 0.75]"))
     res = _cli(["--config", "z.yml", "--out", "z"], tmp_path, monkeypatch, d)
-    assert res.exit_code == 2 and "densities must be in (0, 1], got [0.5, 0.0] (tensor " \
+    assert res.exit_code == 2 and "--config: z.yml: densities must be in (0, 1], got [0.5, 0.0] (tensor " \
         "'model.layers.0.self_attn.q_proj.weight')" in res.stderr
     (tmp_path / "g.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.25, 1.5]"))
     res = _cli(["--config", "g.yml", "--out", "z"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "models[1].density[0].value[1]: 1.5 is outside [0.0, 1.0]" in res.stderr
+    (tmp_path / "s.yml").write_text("merge_method: ties\nbase_model: in/base.safetensors\n"   # plain numbers: the
+                                    "models: [{model: in/m0.safetensors, parameters: {weight: 1, density: 0}}]\n")
+    res = _cli(["--config", "s.yml", "--out", "z"], tmp_path, monkeypatch, d)   # file's error too, not --nm's
+    assert res.exit_code == 2 and "--config: s.yml: densities must be in (0, 1], got [0.0]" in res.stderr, res.stderr
     assert not (tmp_path / "z").exists()
 
 

@@ -5,6 +5,7 @@ only for a run that can start, then runs (`run_demo`, `merge_files`).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -328,12 +329,13 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     densities = [1.0 if d is None else d for d in cfg.densities]   # mergekit's default density is 1
     nm = f"{cfg.nms[0][0]}:{cfg.nms[0][1]}"
     nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]
-    job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
-                        out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
-                        options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
-                        include=include, exclude=exclude, out_dtype=cfg.out_dtype,
-                        source={"file": str(path), "merge_method": cfg.mergekit_method,
-                                **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})})
+    with _file_values(path):
+        job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights,
+                            tail=tail, out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
+                            options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
+                            include=include, exclude=exclude, out_dtype=cfg.out_dtype,
+                            source={"file": str(path), "merge_method": cfg.mergekit_method,
+                                    **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})})
     job.warnings.extend(cfg.warnings)
     if cfg.tokenizer_source is not None:   # the files exist and are compatible: now their vocabularies
         mkconfig.same_vocabulary(path, cfg)
@@ -342,6 +344,18 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
         from icmltools.merge import engine as E
 
         job.plan = replace(job.plan, tensor_params=cfg.tensor.bind(list(job.base.specs)))
-        E.open_and_check(job.base, job.models, job.plan)
+        with _file_values(path):
+            E.open_and_check(job.base, job.models, job.plan)
         job.lams = [None] * len(job.models)
     return job
+
+
+@contextmanager
+def _file_values(path):
+    """A weight or density the engine refuses came from the config file (its error, not a flag's)."""
+    try:
+        yield
+    except BadInputError as e:
+        if e.param not in ("weights", "densities"):
+            raise
+        raise BadInputError(f"{path}: {e.message}", param="config") from None
