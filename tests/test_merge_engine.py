@@ -198,11 +198,12 @@ def _ties_ref(taus, dens, w, masks=None):
 def test_magnitude_keeps_at_least_one_element_of_a_tiny_tensor():
     """mergekit 0.1.5's magnitude sparsification keeps max(1, int(density * numel)) of a non-empty tensor (TIES,
     magnitude); Breadcrumbs keeps int(density * numel) (its target count has no floor there either)."""
-    taus = [torch.tensor([0.5, -2.0, 1.0, 0.25]), torch.tensor([-0.125, 0.75, 3.0, -1.5])]
-    for name, want in (("magnitude", [0.0, -2.0, 3.0, 0.0]), ("ties", [0.0, -2.0, 3.0, 0.0])):
-        got = E.merge_tensor(taus, E.make_plan(name, 2, densities=[0.2], options={"normalize": False}))[0]
+    taus = [torch.tensor([0.5, -2.0, 1.0, 0.25]), torch.tensor([-0.125, 0.75, 3.0, -1.5]),
+            torch.tensor([0.0625, 0.375, -0.5, 4.0])]   # 3 models, float32: the loops other tests compile
+    for name, want in (("magnitude", [0.0, -2.0, 3.0, 4.0]), ("ties", [0.0, -2.0, 3.0, 4.0])):
+        got = E.merge_tensor(taus, E.make_plan(name, 3, densities=[0.2], options={"normalize": False}))[0]
         assert got.tolist() == want, name
-    got = E.merge_tensor(taus, E.make_plan("breadcrumbs", 2, densities=[0.2], options={"gamma": 0.0}))[0]
+    got = E.merge_tensor(taus, E.make_plan("breadcrumbs", 3, densities=[0.2], options={"gamma": 0.0}))[0]
     assert got.tolist() == [0.0, 0.0, 0.0, 0.0]
 
 
