@@ -5,8 +5,9 @@ explained").
 
 mergekit goes in its own venv (`python -m venv --system-site-packages /tmp/mkvenv && /tmp/mkvenv/bin/pip install
 mergekit==0.1.5`: the CPU torch already installed is reused). A small Llama model (float32 Hugging Face folders:
-base + 3 fine-tuned variants, 4 layers, one word-level tokenizer; sizes below) is generated in a temporary folder; every config below is run
-by `mergekit-yaml` and by `icml cabs-merge --config` (one thread), and the outputs are compared tensor by tensor.
+base + 3 fine-tuned variants, 4 layers, one word-level tokenizer; sizes below) is generated in a temporary
+folder; every config below is run by `mergekit-yaml` and by `icml cabs-merge --config` (one thread), and the
+outputs are compared tensor by tensor.
 Each config says what to expect: `bitwise` (the same bytes), or why they differ (DARE's random masks come from
 different generators; a bfloat16 `dtype` makes mergekit compute in bfloat16 where we compute in float32). Prints
 one JSON document; `as_expected` is false if a `bitwise` config differs.
@@ -68,8 +69,8 @@ CONFIGS = {   # name -> (config, what to expect)
     "breadcrumbs_normalize": (_plain("breadcrumbs", "weight: {w}, density: 0.5", "gamma: 0.05, normalize: true"),
                               "bitwise"),
     "breadcrumbs_ties": (_plain("breadcrumbs_ties", "weight: {w}, density: 0.5", "gamma: 0.05"), "bitwise"),
-    "breadcrumbs_ties_normalize": (_plain("breadcrumbs_ties", "weight: {w}, density: 0.5", "gamma: 0.05, normalize: true"),
-                                   "bitwise"),
+    "breadcrumbs_ties_normalize": (
+        _plain("breadcrumbs_ties", "weight: {w}, density: 0.5", "gamma: 0.05, normalize: true"), "bitwise"),
     "dare_linear_density_1_normalize": (_plain("dare_linear", "weight: {w}, density: 1.0", "normalize: true"),
                                         "bitwise"),
     "dare_ties_density_1": (_plain("dare_ties", "weight: {w}, density: 1.0"), "bitwise"),

@@ -501,8 +501,8 @@ def layered(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("cabs_layered")
     g = _g(4)
-    base = {"model.embed_tokens.weight": torch.randn(48, 16, generator=g), "model.norm.weight": torch.randn(16, generator=g),
-            "lm_head.weight": torch.randn(48, 16, generator=g)}
+    base = {"model.embed_tokens.weight": torch.randn(48, 16, generator=g),
+            "model.norm.weight": torch.randn(16, generator=g), "lm_head.weight": torch.randn(48, 16, generator=g)}
     for i in range(3):
         base[f"model.layers.{i}.self_attn.q_proj.weight"] = torch.randn(16, 16, generator=g)
         base[f"model.layers.{i}.mlp.up_proj.weight"] = torch.randn(40, 16, generator=g)
@@ -603,7 +603,8 @@ def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypat
     ref, _ = E.merge_state_dicts(base, models, plan, lam=0.5)
     out = _load(r["output"])
     assert r["scale"] == 0.5 and all(torch.equal(out[k], ref[k]) for k in base)
-    res = _cli(["--config", "l.yml", "--lam-grid", "0.5,1", "--eval-cmd", "true", "--out", "g"], tmp_path, monkeypatch, d)
+    res = _cli(["--config", "l.yml", "--lam-grid", "0.5,1", "--eval-cmd", "true", "--out", "g"], tmp_path,
+               monkeypatch, d)
     assert res.exit_code == 2 and "parameters.lambda is the global scale --lam-grid searches" in res.stderr
     (tmp_path / "s.yml").write_text(yml.replace("LAM", "[0.5, 1.0]"))
     res = _cli(["--config", "s.yml", "--out", "s"], tmp_path, monkeypatch, d)
@@ -655,7 +656,8 @@ def test_cli_config_tokenizer_source_with_one_vocabulary(layered_hf, tmp_path, m
     d, _, _ = layered_hf
     outs = {}
     for src in ("", "base", "union"):
-        (tmp_path / f"t{src}.yml").write_text(TOK_YML.replace("M1", "m1_hf") + (f"tokenizer_source: {src}\n" if src else ""))
+        extra = f"tokenizer_source: {src}\n" if src else ""
+        (tmp_path / f"t{src}.yml").write_text(TOK_YML.replace("M1", "m1_hf") + extra)
         res = _cli(["--config", f"t{src}.yml", "--out", f"o{src}"], tmp_path, monkeypatch, d)
         assert res.exit_code == 0, res.stderr
         r = json.loads(res.stdout)["result"]
@@ -688,7 +690,8 @@ def test_cli_config_tokenizer_source_padded_embeddings_refused(layered_hf, tmp_p
     d, _, _ = layered_hf
     shutil.copytree(d / "base_hf", tmp_path / "pb")
     (tmp_path / "pb" / "tokenizer.json").write_text(_vocab_json(40))
-    (tmp_path / "t.yml").write_text(TOK_YML.replace("M1", "m1_hf").replace("in/base_hf", "pb") + "tokenizer_source: base\n")
+    (tmp_path / "t.yml").write_text(TOK_YML.replace("M1", "m1_hf").replace("in/base_hf", "pb")
+                                    + "tokenizer_source: base\n")
     res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "pb's vocabulary has 40 tokens (ids 0..39) for vocab_size 48" in res.stderr
     assert json.loads((tmp_path / "pb" / "config.json").read_text())["vocab_size"] == 48

@@ -219,7 +219,8 @@ def _tensor_ranges(job: FileJob) -> list[dict]:
     """Per model, [min, max] of the weights (and densities) its merged tensors got from per-tensor settings."""
     from icmltools.merge.engine import is_float_dtype
 
-    plans = [job.plan.for_tensor(n) for n, s in job.base.specs.items() if is_float_dtype(s.dtype) and job.plan.selected(n)]
+    plans = [job.plan.for_tensor(n) for n, s in job.base.specs.items()
+             if is_float_dtype(s.dtype) and job.plan.selected(n)]
     out = []
     for i in range(len(job.models)):
         r = {"lam_range": [min(p.weights[i] for p in plans), max(p.weights[i] for p in plans)]}

@@ -224,7 +224,8 @@ class TensorSettings:
         return params
 
 
-def _per_model(path, mk: str, entry, defaults: dict, i: int) -> dict:
+def _per_model(path, mk: str, entry, top_nm, i: int) -> dict:
+    """Model i's own settings (weight / density as :func:`_setting`s, as written in "raw") and its n:m."""
     params = entry.get("parameters") or {} if isinstance(entry, dict) else {}
     if isinstance(entry, dict):
         _check_keys(path, entry, MODEL_KEYS, f"models[{i}]")
@@ -235,7 +236,7 @@ def _per_model(path, mk: str, entry, defaults: dict, i: int) -> dict:
     for key, lo, hi in (("weight", None, None), ("density", 0.0, 1.0)):
         if params.get(key) is not None:
             out[key] = _setting(path, f"models[{i}].{key}", params[key], lo, hi)
-    nm = params.get("n_m_ratio", defaults.get("n_m_ratio"))
+    nm = params.get("n_m_ratio", top_nm)
     if nm is not None:
         out["nm"] = _nm(path, f"models[{i}].n_m_ratio", nm)
     return out
@@ -267,12 +268,11 @@ def read_config(path) -> MergekitConfig:
     if not isinstance(glob, dict):
         _fail(path, "parameters: expected a mapping")
     _check_keys(path, glob, MODEL_PARAMS[mk] | GLOBAL_PARAMS[mk], "parameters")
-    defaults = {k: v for k, v in glob.items() if k in MODEL_PARAMS[mk]}
     top = {k: _setting(path, f"parameters.{k}", glob[k], *((0.0, 1.0) if k == "density" else (None, None)))
            for k in TENSOR_PARAMS if k in MODEL_PARAMS[mk] and glob.get(k) is not None}
     base_ref = _model_ref(path, doc["base_model"], "base_model")
     refs = [_model_ref(path, e, f"models[{i}]") for i, e in enumerate(models)]
-    per = [_per_model(path, mk, e, defaults, i) for i, e in enumerate(models)]
+    per = [_per_model(path, mk, e, glob.get("n_m_ratio"), i) for i, e in enumerate(models)]
     keep = [i for i, r in enumerate(refs) if r != base_ref]     # mergekit lists the base among models too
     refs, per = [refs[i] for i in keep], [per[i] for i in keep]
     if not refs:
