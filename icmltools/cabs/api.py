@@ -5,7 +5,6 @@ only for a run that can start, then runs (`run_demo`, `merge_files`).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -160,11 +159,12 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
                   exclude: Sequence[str] = (), out_dtype: str = "same",
                   seed: int = 0, densities: Sequence[float] | None = None, options: dict | None = None,
                   source: dict | None = None, lam_grid: str | None = None, eval_cmd: str | None = None,
-                  eval_timeout: float | None = None) -> FileJob:
+                  eval_timeout: float | None = None, tensor_settings=None) -> FileJob:
     """Check every option and open every checkpoint lazily (keys, shapes, dtypes) before anything is written.
     The order of `models` is the pruning order; `out_dtype` names the floating tensors' output dtype ("same":
-    each keeps its own; the merge computes in float32 either way). NaN/inf task-vector values are refused as the
-    merge streams."""
+    each keeps its own; the merge computes in float32 either way); `tensor_settings` (``.bind(names)``, a config's
+    per-tensor weights / densities) gives each of the base's tensors its own, checked with the rest. NaN/inf
+    task-vector values are refused as the merge streams."""
     from icmltools.merge import engine as E
     from icmltools.merge.options import CHUNK_ELEMS
     from icmltools.taskvec import open_checkpoint, resolve_output_format
@@ -189,6 +189,8 @@ def prepare_files(base: str, models: Sequence[str], *, method: str = "cabs", nm:
                        chunk_elems=CHUNK_ELEMS if chunk_elems is None else chunk_elems, options=options)
     b = open_checkpoint(base)
     ms = [open_checkpoint(m) for m in models]
+    if tensor_settings is not None:
+        plan = replace(plan, tensor_params=tensor_settings.bind(list(b.specs)))
     warnings += E.open_and_check(b, ms, plan)
     return FileJob(b, ms, plan, method, nms, lams, tail, resolve_output_format(b, out_format), warnings,
                    dict(source or {}), grid, eval_cmd, eval_timeout, out_dtype or "same")
@@ -330,33 +332,23 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     densities = [1.0 if d is None else d for d in cfg.densities]   # mergekit's default density is 1
     nm = f"{cfg.nms[0][0]}:{cfg.nms[0][1]}"
     nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]
-    with _file_values(path):
+    try:
         job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights,
                             tail=tail, out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
                             options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
                             include=include, exclude=exclude, out_dtype=cfg.out_dtype,
                             source={"file": str(path), "merge_method": cfg.mergekit_method,
-                                    **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})})
+                                    **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})},
+                            tensor_settings=cfg.tensor)
+    except BadInputError as e:   # a weight or density from the file: its error, not a flag's (--lam, --nm)
+        if e.param not in ("weights", "densities"):
+            raise
+        raise BadInputError(f"{path}: {e.message}", param="config") from None
     job.warnings.extend(cfg.warnings)
     if cfg.tokenizer_source is not None:   # the files exist and are compatible: now their vocabularies
         mkconfig.same_vocabulary(path, cfg)
     job.scale = float(cfg.params.get("lambda", 1.0))   # mergekit: theta_0 + lambda * the (normalized) merged sum
-    if cfg.tensor is not None:   # filters / gradients: each tensor's weights and densities, checked now
-        from icmltools.merge import engine as E
-
-        job.plan = replace(job.plan, tensor_params=cfg.tensor.bind(list(job.base.specs)))
-        with _file_values(path):
-            E.open_and_check(job.base, job.models, job.plan)
+    if cfg.tensor is not None:   # filters / gradients: each tensor has its own weights (lam_range in the result)
         job.lams = [None] * len(job.models)
     return job
 
-
-@contextmanager
-def _file_values(path):
-    """A weight or density the engine refuses came from the config file (its error, not a flag's)."""
-    try:
-        yield
-    except BadInputError as e:
-        if e.param not in ("weights", "densities"):
-            raise
-        raise BadInputError(f"{path}: {e.message}", param="config") from None

@@ -276,11 +276,10 @@ def _check_values(m: MergeMethod, w: tuple, d: tuple, where: str = "") -> None:
 
 def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densities=None, options: Mapping | None = None,
               model_options: Sequence[Mapping] | None = None, seed: int = 0, dare_p: float = 0.0,
-              chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = (),
-              tensor_params: Callable | None = None) -> Plan:
+              chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Plan:
     """Resolve and check a merge before anything is read: per-model lists (one value broadcasts), densities in
-    (0, 1], weights finite, unknown options refused, then the method's own checks. `tensor_params` (name ->
-    {"weights", "densities"} or None) gives a tensor its own values, checked when the files are opened."""
+    (0, 1], weights finite, unknown options refused, then the method's own checks. (Per-tensor values: set
+    ``tensor_params`` on the plan once the tensor names are known; open_and_check checks every tensor's.)"""
     m = get_method(method)
     if n_models < m.min_models:
         raise BadInputError(f"{m.name} merges at least {m.min_models} model{'s' * (m.min_models != 1)}, got {n_models}",
@@ -306,7 +305,7 @@ def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densiti
     if chunk_elems is not None and chunk_elems < 1:
         raise BadInputError(f"must be >= 1, got {chunk_elems}", param="chunk_elems")
     plan = Plan(m, n_models, w, d, {**m.options, **opts}, models, seed, float(dare_p), chunk_elems,
-                tuple(include), tuple(exclude), tensor_params)
+                tuple(include), tuple(exclude))
     m.validate(plan)
     return plan
 
@@ -655,9 +654,9 @@ def open_and_check(base: CheckpointReader, models: Sequence[CheckpointReader], p
         raise BadInputError(f"the filters leave none of the {len(floats)} floating-point tensors of {base.path} to "
                             f"merge (include {list(plan.include)}, exclude {list(plan.exclude)})",
                             param="include" if plan.include else "exclude")
-    for n in floats:
-        if plan.tensor_params is not None and plan.selected(n):
-            plan.for_tensor(n)  # every tensor's own weights / densities are checked before anything is written
+    if plan.tensor_params is not None:  # every tensor's own weights / densities, checked before anything is read
+        for n in filter(plan.selected, floats):
+            plan.for_tensor(n)
     return [f"{kind} glob {g!r} matches no tensor name of {base.path}"
             for kind, globs in (("include", plan.include), ("exclude", plan.exclude)) for g in globs
             if not any(fnmatch.fnmatchcase(n, g) for n in base.specs)]
