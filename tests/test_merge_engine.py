@@ -165,6 +165,19 @@ def test_zero_weight_model_is_not_read():
     assert all(torch.equal(out[k], ref[k]) for k in base)
 
 
+@pytest.mark.parametrize("name", [n for n in ALL if E.get_method(n).weighted])
+def test_every_weight_zero_merges_nothing_into_the_base(tmp_path, name):
+    """No model read for a tensor: tau = 0 (the pool's buffers, uninitialized, once came out as the merge)."""
+    taus = _taus(n=3)   # 3 float32 models: the loops the other tests compile
+    E.merge_tensor(taus, _plan(name, 3))  # memory the allocator hands out again holds a merge
+    got, kept = E.merge_tensor(taus, _plan(name, 3, weights=[0.0, 0.0, 0.0]))
+    assert torch.equal(got, torch.zeros_like(got)) and kept == 0
+    base, models = _models(n=2)
+    p = tmp_path / "out.safetensors"
+    E.merge_to_checkpoint(MemoryReader(base), [MemoryReader(m) for m in models], _plan(name, 2, weights=[0.0, 0.0]),
+                          1.0, p)
+    assert all(torch.equal(v, base[k]) for k, v in _load(p).items())
+
 # --------------------------------------------------------------------------------------------- papers' definitions
 
 

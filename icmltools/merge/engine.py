@@ -985,6 +985,9 @@ def _tensor_chunks(run: _Run, spec):
             if got is not None:
                 merged, c, done = got
                 bd = WRITTEN if done else None  # else the output is computed from raw_b (_write_tensor)
+            elif not wanted:  # no model read (every weight 0 here): tau = 0, as mergekit's sum of none
+                bd = _to_compute(run, raw_b, "base_c", cd)
+                merged, c = st.buf("zeros").zero_(), 0
             else:
                 bd = _to_compute(run, raw_b, "base_c", cd)
                 _feed_chunk(run, st, spec, a, b, bd, wanted, whole, diag, witness is None, fused)
