@@ -716,23 +716,31 @@ def test_config_bad_per_tensor_settings(weight, msg, tmp_path):
         mkconfig.read_config(p)
 
 
-def test_cli_config_per_tensor_value_out_of_range_is_named(layered, tmp_path, monkeypatch):
-    """A gradient whose interpolated density is 0 at one layer: refused naming that tensor, nothing written; a
-    density the file sets to 0 is the file's error (it was reported as --nm's)."""
-    d, _, _ = layered
+def test_cli_config_density_zero_leaves_the_model_out(layered, tmp_path, monkeypatch):
+    """A density of 0 (written, or where a gradient reaches it) leaves that model out of the tensor, as mergekit's
+    sparsifiers keep nothing of it (it was refused); a value outside [0, 1] is refused naming it, nothing written."""
+    import json
+
+    from icmltools.merge import engine as E
+
+    d, base, models = layered
     (tmp_path / "z.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.0, 0.75]"))
     res = _cli(["--config", "z.yml", "--out", "z"], tmp_path, monkeypatch, d)
-    assert res.exit_code == 2 and "--config: z.yml: densities must be in (0, 1], got [0.5, 0.0] (tensor " \
-        "'model.layers.0.self_attn.q_proj.weight')" in res.stderr
-    (tmp_path / "g.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.25, 1.5]"))
-    res = _cli(["--config", "g.yml", "--out", "z"], tmp_path, monkeypatch, d)
-    assert res.exit_code == 2 and "models[1].density[0].value[1]: 1.5 is outside [0.0, 1.0]" in res.stderr
-    (tmp_path / "s.yml").write_text("merge_method: ties\nbase_model: in/base.safetensors\n"   # plain numbers: the
+    assert res.exit_code == 0, res.stderr
+    r = json.loads(res.stdout)["result"]
+    name = "model.layers.0.self_attn.q_proj.weight"   # model 1 at density 0; TIES' divisor counts model 0 alone
+    ref, _ = E.merge_state_dicts({name: base[name]}, [{name: models[0][name]}],
+                                 E.make_plan("ties", 1, weights=[0.25], densities=[0.5], options={"normalize": True}))
+    assert torch.equal(_load(r["output"])[name], ref[name]) and r["models"][1]["density_range"] == [0.0, 0.75]
+    (tmp_path / "s.yml").write_text("merge_method: ties\nbase_model: in/base.safetensors\n"
                                     "models: [{model: in/m0.safetensors, parameters: {weight: 1, density: 0}}]\n")
-    res = _cli(["--config", "s.yml", "--out", "z"], tmp_path, monkeypatch, d)   # file's error too, not --nm's
-    assert res.exit_code == 2 and "--config: s.yml: densities must be in (0, 1], got [0.0]" in res.stderr, res.stderr
-    assert not (tmp_path / "z").exists()
-
+    res = _cli(["--config", "s.yml", "--out", "s"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 0, res.stderr
+    assert all(torch.equal(v, base[k]) for k, v in _load(json.loads(res.stdout)["result"]["output"]).items())
+    (tmp_path / "g.yml").write_text(PER_TENSOR_YML.replace("value: [0.25, 0.75]", "value: [0.25, 1.5]"))
+    res = _cli(["--config", "g.yml", "--out", "g"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "models[1].density[0].value[1]: 1.5 is outside [0.0, 1.0]" in res.stderr
+    assert not (tmp_path / "g").exists()
 
 B = ["--base", "in/base.safetensors"]
 M2 = ["--models", "in/m0.safetensors,in/m1.safetensors"]

@@ -132,8 +132,10 @@ class MergeMethod(abc.ABC):
         return None
 
     def wants(self, plan: "Plan", i: int) -> bool:
-        """Whether model i's task vector is read at all (a zero weight skips it: -0.0 in the base survives)."""
-        return plan.weights[i] != 0
+        """Whether model i's task vector is read at all: a zero weight skips it (-0.0 in the base survives), and so
+        does a density of 0 (mergekit's sparsifiers keep nothing of it; a divisor without a consensus still
+        counts its weight, as mergekit's)."""
+        return plan.weights[i] != 0 and not (self.uses_density and plan.densities[i] == 0)
 
     def begin(self, st: "TensorState") -> None:
         """Per-tensor setup, before any scan or chunk."""
@@ -265,20 +267,21 @@ def _per_model(values, n: int, default, what: str) -> tuple:
 
 
 def _check_values(m: MergeMethod, w: tuple, d: tuple, where: str = "") -> None:
-    """Weights finite (and 1 where the method takes none), densities in (0, 1] where the method uses them."""
+    """Weights finite (and 1 where the method takes none), densities in [0, 1] where the method uses them (0: the
+    model is left out of the tensor, :meth:`MergeMethod.wants`)."""
     if not all(math.isfinite(x) for x in w):
         raise BadInputError(f"weights must be finite numbers, got {list(w)}{where}", param="weights")
     if not m.weighted and any(x != 1.0 for x in w):
         raise BadInputError(f"{m.name} takes no per-model weights{where}", param="weights")
-    if m.uses_density and not all(x is not None and 0.0 < float(x) <= 1.0 for x in d):
-        raise BadInputError(f"densities must be in (0, 1], got {list(d)}{where}", param="densities")
+    if m.uses_density and not all(x is not None and 0.0 <= float(x) <= 1.0 for x in d):
+        raise BadInputError(f"densities must be in [0, 1], got {list(d)}{where}", param="densities")
 
 
 def make_plan(method: str | MergeMethod, n_models: int, *, weights=None, densities=None, options: Mapping | None = None,
               model_options: Sequence[Mapping] | None = None, seed: int = 0, dare_p: float = 0.0,
               chunk_elems: int | None = CHUNK_ELEMS, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> Plan:
     """Resolve and check a merge before anything is read: per-model lists (one value broadcasts), densities in
-    (0, 1], weights finite, unknown options refused, then the method's own checks. (Per-tensor values: set
+    [0, 1], weights finite, unknown options refused, then the method's own checks. (Per-tensor values: set
     ``tensor_params`` on the plan once the tensor names are known; open_and_check checks every tensor's.)"""
     m = get_method(method)
     if n_models < m.min_models:
@@ -985,7 +988,7 @@ def _tensor_chunks(run: _Run, spec):
             if got is not None:
                 merged, c, done = got
                 bd = WRITTEN if done else None  # else the output is computed from raw_b (_write_tensor)
-            elif not wanted:  # no model read (every weight 0 here): tau = 0, as mergekit's sum of none
+            elif not wanted:  # no model read (every weight or density 0 here): tau = 0, as mergekit's sum of none
                 bd = _to_compute(run, raw_b, "base_c", cd)
                 merged, c = st.buf("zeros").zero_(), 0
             else:
