@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         "dare_loop": combine(False),
         "dare_ties_loop": combine(True),
         "dare_masks": draw,
-        "dare_whole": lambda: K.dare_merge_raw(base, raws, streams, [p] * k, [1.0] * k, False, True, out, buf,
+        "dare_whole": lambda: K.dare_merge_raw(base, raws, streams, [p] * k, [1.0] * k, False, True, True, out, buf,
                                                emit=(oe, 1.0, 1)),
     }
     res = {}

@@ -583,6 +583,27 @@ def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
         assert plan.options["normalize"] is normalize, method
 
 
+def test_config_rescale_as_mergekit(layered, tmp_path, monkeypatch):
+    """`rescale`, a parameter of every mergekit GTA method: DARE's (default true; ours divides by the density) can
+    be false, the drop alone (it was refused; the merge itself: test_merge_engine); the other methods' false (their
+    default) is accepted, their true (mergekit's L1-norm match after the trim) refused naming it."""
+    from icmltools.cabs import api
+
+    d, _, _ = layered
+    yml = ("merge_method: METHOD\nbase_model: in/base.safetensors\nmodels:\n"
+           "  - {model: in/m0.safetensors, parameters: {weight: 0.5, density: 0.5}}\nparameters: {rescale: FLAG}\n")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").symlink_to(d)
+    for method, flag, want in (("dare_linear", "false", False), ("dare_ties", "false", False), ("dare_ties", "true", True),
+                               ("ties", "false", None), ("breadcrumbs_ties", "false", None)):
+        (tmp_path / "c.yml").write_text(yml.replace("METHOD", method).replace("FLAG", flag))
+        assert api.prepare_config("c.yml").plan.options.get("rescale") is want, (method, flag)
+    (tmp_path / "c.yml").write_text(yml.replace("METHOD", "dare_linear").replace("parameters: {rescale: FLAG}\n", ""))
+    assert api.prepare_config("c.yml").plan.options["rescale"] is True
+    (tmp_path / "t.yml").write_text(yml.replace("METHOD", "ties").replace("FLAG", "true"))
+    res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
+    assert res.exit_code == 2 and "parameters.rescale: true is not supported for ties" in res.stderr, res.stderr
+
 def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypatch):
     """mergekit's `lambda`: theta_0 + lambda * the (normalized) merged vector; refused with --lam-grid (the grid is
     that scale) and when it is not a number."""

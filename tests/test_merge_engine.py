@@ -306,6 +306,24 @@ def test_general_methods_equal_the_papers_loops(chunk):
                        _ties_ref(taus, dens, w, masks=bands))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_dare_without_rescale_drops_alone(monkeypatch, compiled):
+    """mergekit's `rescale: false`: DARE's mask, the kept values not divided by the density (the compiled loops
+    and the torch path, chunked or not)."""
+    if not compiled:
+        monkeypatch.setitem(K._state, "mod", None)
+        monkeypatch.setitem(K._state, "tried", True)
+    taus, dens, w = _taus(n=3), [0.3, 0.2, 0.5], [1.0, 0.5, 1.5]
+    dropped = [torch.where(m, t, torch.zeros(())) for t, m in zip(taus, _dare_masks(taus, dens, 9, "layer"))]
+    def run(name, chunk):
+        plan = E.make_plan(name, 3, densities=dens, weights=w, chunk_elems=chunk, seed=9, options={"rescale": False})
+        return E.merge_tensor(taus, plan, name="layer")[0]
+
+    for chunk in (None, 50):
+        assert torch.equal(run("dare", chunk), _sum_ref(dropped, w))
+        assert torch.equal(run("dare_ties", chunk),
+                           _ties_ref(dropped, dens, w, masks=[torch.ones(t.shape, dtype=torch.bool) for t in taus]))
+
 def test_topk_breaks_ties_by_lower_index_in_every_chunking():
     t = torch.tensor([1.0, -3.0, 3.0, 2.0, 3.0, -3.0, 0.5, 3.0])
     tk = E.TopK(t, 3)

@@ -323,12 +323,11 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     from . import mkconfig
 
     cfg = mkconfig.read_config(path)
-    options = {k: v for k, v in cfg.params.items() if k in ("normalize", "gamma")}
+    options = {k: v for k, v in cfg.params.items()
+               if k in ("normalize", "gamma") or (k == "rescale" and cfg.method in ("dare", "dare_ties"))}
     if cfg.params.get("lambda", 1.0) != 1.0 and lam_grid is not None:
         raise BadInputError(f"{path}: parameters.lambda is the global scale --lam-grid searches; drop one of them",
                             param="config")
-    if cfg.params.get("rescale", True) is not True:
-        raise BadInputError(f"{path}: parameters.rescale: false is not supported (DARE rescales)", param="config")
     densities = [1.0 if d is None else d for d in cfg.densities]   # mergekit's default density is 1
     nm = f"{cfg.nms[0][0]}:{cfg.nms[0][1]}"
     nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]

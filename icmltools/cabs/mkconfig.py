@@ -4,7 +4,8 @@ Read (with ``yaml.safe_load``): ``merge_method``, ``base_model``, ``models`` (ea
 ``parameters``: ``weight``, ``density``, and for ``cabs`` ``n_m_ratio: [n, m]``), top-level ``parameters``
 (defaults of the per-model ones; ``cabs``: ``default_n_m_ratio``, ``pruning_order``; the others
 ``normalize`` (a boolean; unset: mergekit's default, true for ties only), ``lambda`` (a number: the merged
-vector's scale), ``rescale`` (true only), breadcrumbs' ``gamma`` (top level only), ``int8_mask`` (true or false:
+vector's scale), ``rescale`` (DARE's: true, the default, rescales by 1/density, false drops alone; the other
+methods: false only, their default), breadcrumbs' ``gamma`` (top level only), ``int8_mask`` (true or false:
 the dtype of mergekit's sign mask, which holds -1, 0 and 1 exactly in either, so the merge is the same; accepted
 and not used); a density left unset is mergekit's 1.0; weight and density may be set per tensor: gradients and
 filter conditions, :func:`evaluate`), ``dtype`` and ``out_dtype`` (the output dtype of the floating tensors:
@@ -33,14 +34,15 @@ MODEL_KEYS = {"model", "parameters"}
 MODEL_PARAMS = {"cabs": {"weight", "n_m_ratio"}, "task_arithmetic": {"weight"}, "ties": {"weight", "density"},
                 "dare_linear": {"weight", "density"}, "dare_ties": {"weight", "density"},
                 "breadcrumbs": {"weight", "density"}, "breadcrumbs_ties": {"weight", "density"}}
-GTA_PARAMS = {"normalize", "lambda", "int8_mask"}   # mergekit's generalized task arithmetic: every method but cabs
+GTA_PARAMS = {"normalize", "lambda", "int8_mask", "rescale"}   # mergekit's generalized task arithmetic (not cabs)
 GLOBAL_PARAMS = {"cabs": {"default_n_m_ratio", "pruning_order"}, "task_arithmetic": GTA_PARAMS, "ties": GTA_PARAMS,
-                 "dare_linear": GTA_PARAMS | {"rescale"}, "dare_ties": GTA_PARAMS | {"rescale"},
+                 "dare_linear": GTA_PARAMS, "dare_ties": GTA_PARAMS,
                  "breadcrumbs": GTA_PARAMS | {"gamma"}, "breadcrumbs_ties": GTA_PARAMS | {"gamma"}}
 FLAGS = ("normalize", "rescale", "int8_mask")       # booleans in mergekit: a string such as "no" is refused
 NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; int8_mask changes nothing (above)
 TENSOR_PARAMS = ("weight", "density")   # per model, settable per tensor (filters, layer gradients)
 NORMALIZED = {"ties"}   # mergekit 0.1.5's default_normalize is true for these only (our own dare_ties: true)
+RESCALED = {"dare_linear", "dare_ties"}   # mergekit 0.1.5's default_rescale is true for these (della too)
 
 
 @dataclass
@@ -251,6 +253,23 @@ def _order(path, refs: list, order) -> list[int]:
     return [refs.index(str(name)) for name in order]
 
 
+def _global_params(path: Path, mk: str, glob: dict) -> dict:
+    """The top-level parameters that become method options: flags checked, lambda a number, mergekit 0.1.5's
+    defaults filled (normalize), rescale true refused where mergekit would match the L1 norm after the trim."""
+    for key in FLAGS:
+        if key in glob and not isinstance(glob[key], bool):
+            _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
+    if glob.get("lambda") is not None:   # one number: the merged vector's scale (no per-tensor setting here)
+        glob = {**glob, "lambda": _number(path, "parameters.lambda", glob["lambda"])}
+    params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
+    if "normalize" in GLOBAL_PARAMS[mk]:
+        params.setdefault("normalize", mk in NORMALIZED)
+    if params.get("rescale") and mk not in RESCALED:
+        _fail(path, f"parameters.rescale: true is not supported for {mk} (mergekit would scale each pruned task "
+                    "vector to its L1 norm; false, the default, is)")
+    return params
+
+
 def read_config(path) -> MergekitConfig:
     """Parse and validate a mergekit config (nothing is read from the model paths yet)."""
     path = Path(path)
@@ -284,14 +303,7 @@ def read_config(path) -> MergekitConfig:
     per_tensor = any(isinstance(s, tuple) for s in settings)
     default_nm = _nm(path, "parameters.default_n_m_ratio", glob["default_n_m_ratio"]) \
         if glob.get("default_n_m_ratio") is not None else None
-    for key in FLAGS:
-        if key in glob and not isinstance(glob[key], bool):
-            _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
-    if glob.get("lambda") is not None:   # one number: the merged vector's scale (no per-tensor setting here)
-        glob = {**glob, "lambda": _number(path, "parameters.lambda", glob["lambda"])}
-    params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
-    if "normalize" in GLOBAL_PARAMS[mk]:
-        params.setdefault("normalize", mk in NORMALIZED)
+    params = _global_params(path, mk, glob)
     tensor = None
     if per_tensor:   # the plan's own weights / densities are placeholders: every tensor gets its own
         tensor = TensorSettings(own={k: [p.get(k) for p in per] for k in keys}, top={k: top.get(k) for k in keys},

@@ -350,25 +350,27 @@ def compute_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def dare_tensor(t, p: float, generator, buf: Callable | None = None):
+def dare_tensor(t, p: float, generator, buf: Callable | None = None, rescale: bool = True):
     """DARE drop-and-rescale (Yu et al. 2024, Eq. 1-2): keep each element with probability 1-p, scale the kept
-    ones by 1/(1-p). With `buf` (key, dtype -> a flat buffer of t's size) `t` itself is rescaled and zeroed, the
-    uniforms and the mask going to those buffers (the same numbers and values as the allocating form)."""
+    ones by 1/(1-p) (not with `rescale` False: mergekit's ``rescale: false``, the drop alone). With `buf` (key,
+    dtype -> a flat buffer of t's size) `t` itself is rescaled and zeroed, the uniforms and the mask going to
+    those buffers (the same numbers and values as the allocating form)."""
     import torch
 
     if p <= 0:
         return t
+    scale = 1.0 - p if rescale else 1.0   # x / 1.0 == x: the same loops without the rescale
     if buf is None:
         keep = torch.rand(t.shape, generator=generator, device=t.device) >= p
-        return torch.where(keep, t / (1.0 - p), torch.zeros((), dtype=t.dtype, device=t.device))
+        return torch.where(keep, t / scale, torch.zeros((), dtype=t.dtype, device=t.device))
     if isinstance(generator, K.MTStream):  # torch.rand's numbers, drawn by a compiled loop (CPU)
-        t.div_(1.0 - p)
+        t.div_(scale)
         if K.dare_zero_mt(t, generator, p):
             return t
         u = generator.uniforms(buf("dare_u", torch.float32).view(t.shape))
     else:
         u = torch.rand(t.shape, generator=generator, device=t.device, out=buf("dare_u", torch.float32).view(t.shape))
-        t.div_(1.0 - p)
+        t.div_(scale)
     if not K.dare_zero(t, u, p):
         t.masked_fill_(torch.lt(u, p, out=buf("dare_drop", torch.bool).view(t.shape)), 0.0)
     return t
@@ -513,10 +515,10 @@ class TensorState:
         """A pooled flat buffer of the chunk's size (compute dtype unless `dtype`); contents are undefined."""
         return self.pool.get(key, (self.stop - self.start if numel is None else numel,), dtype or self.dtype)
 
-    def dare(self, tau, i: int, p: float, stream=0):
+    def dare(self, tau, i: int, p: float, stream=0, rescale: bool = True):
         """DARE on model i's chunk with the stream derive(seed, "dare", name, i), drawn on in chunk order;
         `stream` separates passes that draw the same numbers again."""
-        return dare_tensor(tau, p, self._dare_gen(i, stream), lambda k, dt: self.buf(k, dt, tau.numel()))
+        return dare_tensor(tau, p, self._dare_gen(i, stream), lambda k, dt: self.buf(k, dt, tau.numel()), rescale)
 
     def _dare_gen(self, i: int, stream: int):
         """Model i's DARE stream of pass `stream`, made on first use: torch's CPU generator, run by the compiled

@@ -727,10 +727,12 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     return 0, int(nz + dnz), [int(x) for x in eq[:K]], pairs, _emitted(bo2, e), sels, [int(x) for x in eq[K:]]
 
 
-def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, out, masks, emit=None):
+def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, rescale: bool, out, masks,
+                   emit=None):
     """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
-    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept and
+    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) (`rescale` False:
+    tau / 1) where kept and
     the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor` and the model-by-model
     loops. (non-finite flag, nonzeros of the result (TIES: of the divisor), kept pairs and non-finite output flag
     as topk_merge_raw's) or None when not run; the streams advance only when the flag is 0."""
@@ -743,7 +745,7 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
     n, k = got[0].shape[0], len(raws)
     m = _np(masks).reshape(-1)[: k * n].reshape(k, n)
     thrs = np.array([_dare_thr(p) if p > 0 else -1 for p in ps], np.int64)
-    ds = np.array([np.float32(1.0 - p) if p > 0 else 0.0 for p in ps], np.float64)
+    ds = np.array([(np.float32(1.0 - p) if rescale else 1.0) if p > 0 else 0.0 for p in ps], np.float64)
     mts, poss = np.zeros((k, 624), np.uint32), np.full(k, 624, np.int64)
     for j, st in enumerate(streams):
         if st is not None:

@@ -265,16 +265,18 @@ class Ties(_Magnitude):
 
 
 class Dare(Weighted):
-    """DARE (Yu et al., ICML 2024, arXiv 2311.03099): drop with p_i = 1 - d_i, rescale by 1/(1 - p_i), sum."""
+    """DARE (Yu et al., ICML 2024, arXiv 2311.03099): drop with p_i = 1 - d_i, rescale by 1/(1 - p_i) (Eq. 2;
+    ``rescale`` False: mergekit's option, the drop alone), sum."""
 
     name = "dare"
     reference = "Yu et al., Language Models are Super Mario (DARE), ICML 2024"
+    options = {"normalize": False, "rescale": True}
     draws_dare = True
     uses_density = True
     default_density = DENSITY
 
     def prune(self, st, tau, i, p):
-        return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p)
+        return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p, rescale=bool(st.plan.options["rescale"]))
 
     one_pass = True
 
@@ -290,7 +292,7 @@ class Dare(Weighted):
             return None
         out = st.acc if self.consensus else st.total
         got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
-                               bool(st.plan.options.get("normalize")), out,
+                               bool(st.plan.options.get("normalize")), bool(st.plan.options["rescale"]), out,
                                st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)),  # rows
                                emit=st.emit)  # for the most models a pass takes: buffers independent of the count
         if got is None or got[0]:
@@ -308,7 +310,7 @@ class DareTies(Dare):
 
     name = "dare_ties"
     reference = "Yu et al., ICML 2024 (DARE) with Yadav et al., NeurIPS 2023 (TIES)"
-    options = {"normalize": True}
+    options = {"normalize": True, "rescale": True}
     buffers = Ties.buffers
     consensus = True
     passes = 2
