@@ -9,8 +9,10 @@ base + 3 fine-tuned variants, 4 layers, one word-level tokenizer; sizes below) i
 folder; every config below is run by `mergekit-yaml` and by `icml cabs-merge --config` (one thread), and the
 outputs are compared tensor by tensor.
 Each config says what to expect: `bitwise` (the same bytes), or why they differ (DARE's random masks come from
-different generators; a bfloat16 `dtype` makes mergekit compute in bfloat16 where we compute in float32). Prints
-one JSON document; `as_expected` is false if a `bitwise` config differs.
+different generators; a bfloat16 `dtype` makes mergekit compute in bfloat16 where we compute in float32). Where
+the masks are random, the merged task vectors' L1 norms are compared instead (`l1_ratio`, ours / mergekit's over
+the whole model: a rescale applied on one side only would put it near 1/density or density). Prints one JSON
+document; `as_expected` is false if a `bitwise` config differs or an `l1_ratio` is off 1 by more than 5 %.
 """
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ from pathlib import Path
 
 HID, FFN, VOCAB, LAYERS = 32, 80, 64, 4
 MODELS = ("m0", "m1", "m2")
+RANDOM_MASKS = ("differs: DARE's random masks (mergekit: torch.bernoulli on the global generator; ours: a stream per "
+                "tensor and model from the seed); mergekit rescales to the L1 norm where we divide by the density: "
+                "the L1 norms agree")
 
 PER_TENSOR_TIES = """merge_method: ties
 base_model: base
@@ -91,9 +96,16 @@ CONFIGS = {   # name -> (config, what to expect)
     "ties_bfloat16_dtype": (_plain("ties", "weight: {w}, density: 0.5", dtype="bfloat16"),
                             "differs: mergekit's task vectors are bfloat16 before its top-k and sign election, ours "
                             "float32: other elements are kept at the threshold"),
-    "dare_ties_density_0.5": (_plain("dare_ties", "weight: {w}, density: 0.5"),
-                              "differs: DARE's random masks (mergekit: torch.bernoulli on the global generator; "
-                              "ours: a stream per tensor and model from the seed)"),
+    "dare_ties_density_0.5": (_plain("dare_ties", "weight: {w}, density: 0.5"), RANDOM_MASKS),
+    "dare_linear_density_0.5": (_plain("dare_linear", "weight: {w}, density: 0.5"), RANDOM_MASKS),
+    "dare_linear_rescale_false": (_plain("dare_linear", "weight: {w}, density: 0.5", "rescale: false"), RANDOM_MASKS),
+    "ties_density_0_for_one": (_plain("ties", "weight: {w}, density: 0.5").replace(
+        "weight: 0.75, density: 0.5", "weight: 0.75, density: 0.0"), "bitwise"),
+    "dare_linear_densities_1_and_0_normalize": (_plain("dare_linear", "weight: {w}, density: 1.0", "normalize: true")
+                                                .replace("weight: 0.75, density: 1.0", "weight: 0.75, density: 0.0"),
+                                                "bitwise"),
+    "ties_mlp_weight_0_everywhere": (_plain("ties", "weight: [{{filter: mlp, value: 0.0}}, {{value: {w}}}], "
+                                                    "density: 0.5"), "bitwise"),
 }
 
 
@@ -138,16 +150,19 @@ def _load(folder: Path) -> dict:
     return {k: r.get(k) for k in r.keys()}
 
 
-def compare(a: dict, b: dict) -> dict:
+def compare(a: dict, b: dict, base: dict) -> dict:
+    """mergekit's output `a` against ours `b`; l1_ratio: |b - base|_1 / |a - base|_1 over every tensor."""
     import torch
 
     if set(a) != set(b):
         return {"error": f"tensor names differ: {sorted(set(a) ^ set(b))[:5]}"}
     n_diff = sum(int((a[k] != b[k]).sum()) for k in a)
     numel = sum(a[k].numel() for k in a)
+    l1 = [sum(float((x[k].double() - base[k].double()).abs().sum()) for k in a) for x in (a, b)]
     return {"n_tensors": len(a), "tensors_equal": sum(torch.equal(a[k], b[k]) for k in a),
             "elements_differing": n_diff / numel,
-            "max_abs_diff": max(float((a[k].float() - b[k].float()).abs().max()) for k in a)}
+            "max_abs_diff": max(float((a[k].float() - b[k].float()).abs().max()) for k in a),
+            "l1_ratio": round(l1[1] / l1[0], 4) if l1[0] else None}
 
 
 def run(folder: Path, mergekit_python: str, name: str, text: str) -> dict:
@@ -166,7 +181,7 @@ def run(folder: Path, mergekit_python: str, name: str, text: str) -> dict:
     if p.returncode != 0:
         return {"error": "ours: " + p.stderr.strip()[-300:]}
     out = json.loads(p.stdout)["result"]["output"]
-    return compare(_load(mk_out), _load(Path(out)))
+    return compare(_load(mk_out), _load(Path(out)), _load(folder / "base"))
 
 
 def main(argv=None) -> int:
@@ -190,7 +205,7 @@ def main(argv=None) -> int:
             rows[name] = {"expect": expect, **run(folder, a.mergekit, name, text)}
             print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
         ok = all("error" not in r and (r["expect"] != "bitwise" or r["tensors_equal"] == r["n_tensors"])
-                 for r in rows.values())
+                 and (r["expect"] != RANDOM_MASKS or abs(r["l1_ratio"] - 1) <= 0.05) for r in rows.values())
         doc = {"mergekit_version": p.stdout.strip(), "model": {"hidden": HID, "ffn": FFN, "vocab": VOCAB,
                                                                "layers": LAYERS, "dtype": "float32"},
                "configs": rows, "as_expected": ok}
