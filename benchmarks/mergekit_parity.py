@@ -106,6 +106,28 @@ CONFIGS = {   # name -> (config, what to expect)
                                                 "bitwise"),
     "ties_mlp_weight_0_everywhere": (_plain("ties", "weight: [{{filter: mlp, value: 0.0}}, {{value: {w}}}], "
                                                     "density: 0.5"), "bitwise"),
+    "ties_negative_weight": (_plain("ties", "weight: {w}, density: 0.5").replace("weight: 0.75,", "weight: -0.75,"),
+                             "bitwise"),
+    "task_arithmetic_weights_summing_to_0_normalize": (
+        _plain("task_arithmetic", "weight: {w}", "normalize: true").replace("weight: 1.0", "weight: -1.25"), "bitwise"),
+    "dare_ties_density_1_negative_weight_normalize": (
+        _plain("dare_ties", "weight: {w}, density: 1.0", "normalize: true").replace("weight: 0.5,", "weight: -0.5,"),
+        "bitwise"),
+    "ties_density_1": (_plain("ties", "weight: {w}, density: 1.0"), "bitwise"),
+    "ties_top_level_parameters_only": ("merge_method: ties\nbase_model: base\nmodels:\n  - model: m0\n  - model: m1\n"
+                                       "  - model: m2\nparameters: {weight: 0.5, density: 0.3}\ndtype: float32\n",
+                                       "bitwise"),
+    "breadcrumbs_gamma_0": (_plain("breadcrumbs", "weight: {w}, density: 0.5", "gamma: 0.0"), "bitwise"),
+    "breadcrumbs_density_plus_gamma_over_1": (_plain("breadcrumbs", "weight: {w}, density: 0.9", "gamma: 0.2"),
+                                              "bitwise"),
+    "breadcrumbs_ties_density_gradient": (_plain("breadcrumbs_ties", "weight: {w}, density: [0.2, 0.9]", "gamma: 0.1"),
+                                          "bitwise"),
+    "per_tensor_ties_lambda": (PER_TENSOR_TIES.replace("  int8_mask: true\n", "  int8_mask: true\n  lambda: 0.75\n"),
+                               "bitwise"),
+    "ties_out_dtype_bfloat16": (_plain("ties", "weight: {w}, density: 0.5") + "out_dtype: bfloat16\n", "bitwise"),
+    "task_arithmetic_float16_dtype": (_plain("task_arithmetic", "weight: {w}", dtype="float16"),
+                                      "differs: mergekit computes in the config's float16, we in float32 (one cast): "
+                                      "roundings"),
 }
 
 
