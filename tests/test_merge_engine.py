@@ -70,6 +70,8 @@ def test_unknown_method_option_and_counts_are_refused():
         E.make_plan("ties", 2, densities=[0.1, 0.2, 0.3])
     with pytest.raises(BadInputError, match=r"densities must be in \[0, 1\]"):
         E.make_plan("dare", 2, densities=[1.5, 0.5])
+    with pytest.raises(BadInputError, match="rescale must be true or false, got 'no'"):
+        E.make_plan("dare_ties", 2, options={"rescale": "no"})
     with pytest.raises(BadInputError, match="at least 2 models"):
         E.make_plan("negmerge", 1)
     with pytest.raises(BadInputError, match="negmerge takes no per-model weights"):

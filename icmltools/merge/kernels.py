@@ -731,10 +731,9 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
                    emit=None):
     """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
-    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) (`rescale` False:
-    tau / 1) where kept and
-    the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor` and the model-by-model
-    loops. (non-finite flag, nonzeros of the result (TIES: of the divisor), kept pairs and non-finite output flag
+    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept (tau /
+    1 without `rescale`) and the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor`
+    and the model-by-model loops. (non-finite flag, nonzeros of the result (TIES: of the divisor), kept pairs and non-finite output flag
     as topk_merge_raw's) or None when not run; the streams advance only when the flag is 0."""
     import numpy as np
     import torch

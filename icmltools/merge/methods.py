@@ -275,8 +275,15 @@ class Dare(Weighted):
     uses_density = True
     default_density = DENSITY
 
+    def validate(self, plan):
+        from icmltools.core.errors import BadInputError
+
+        super().validate(plan)
+        if not isinstance(plan.options["rescale"], bool):
+            raise BadInputError(f"rescale must be true or false, got {plan.options['rescale']!r}", param="options")
+
     def prune(self, st, tau, i, p):
-        return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p, rescale=bool(st.plan.options["rescale"]))
+        return st.dare(tau, i, 1.0 - st.plan.densities[i], stream=p, rescale=st.plan.options["rescale"])
 
     one_pass = True
 
@@ -292,7 +299,7 @@ class Dare(Weighted):
             return None
         out = st.acc if self.consensus else st.total
         got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
-                               bool(st.plan.options.get("normalize")), bool(st.plan.options["rescale"]), out,
+                               bool(st.plan.options.get("normalize")), st.plan.options["rescale"], out,
                                st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)),  # rows
                                emit=st.emit)  # for the most models a pass takes: buffers independent of the count
         if got is None or got[0]:
