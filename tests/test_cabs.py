@@ -604,6 +604,7 @@ def test_config_rescale_as_mergekit(layered, tmp_path, monkeypatch):
     res = _cli(["--config", "t.yml", "--out", "t"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "parameters.rescale: true is not supported for ties" in res.stderr, res.stderr
 
+
 def test_cli_config_lambda_scales_the_merged_vector(layered, tmp_path, monkeypatch):
     """mergekit's `lambda`: theta_0 + lambda * the (normalized) merged vector; refused with --lam-grid (the grid is
     that scale) and when it is not a number."""
@@ -762,6 +763,7 @@ def test_cli_config_density_zero_leaves_the_model_out(layered, tmp_path, monkeyp
     res = _cli(["--config", "g.yml", "--out", "g"], tmp_path, monkeypatch, d)
     assert res.exit_code == 2 and "models[1].density[0].value[1]: 1.5 is outside [0.0, 1.0]" in res.stderr
     assert not (tmp_path / "g").exists()
+
 
 B = ["--base", "in/base.safetensors"]
 M2 = ["--models", "in/m0.safetensors,in/m1.safetensors"]

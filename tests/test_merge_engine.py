@@ -180,6 +180,7 @@ def test_every_weight_zero_merges_nothing_into_the_base(tmp_path, name):
                           1.0, p)
     assert all(torch.equal(v, base[k]) for k, v in _load(p).items())
 
+
 # --------------------------------------------------------------------------------------------- papers' definitions
 
 
@@ -317,6 +318,7 @@ def test_dare_without_rescale_drops_alone(monkeypatch, compiled):
         monkeypatch.setitem(K._state, "tried", True)
     taus, dens, w = _taus(n=3), [0.3, 0.2, 0.5], [1.0, 0.5, 1.5]
     dropped = [torch.where(m, t, torch.zeros(())) for t, m in zip(taus, _dare_masks(taus, dens, 9, "layer"))]
+
     def run(name, chunk):
         plan = E.make_plan(name, 3, densities=dens, weights=w, chunk_elems=chunk, seed=9, options={"rescale": False})
         return E.merge_tensor(taus, plan, name="layer")[0]
@@ -325,6 +327,7 @@ def test_dare_without_rescale_drops_alone(monkeypatch, compiled):
         assert torch.equal(run("dare", chunk), _sum_ref(dropped, w))
         assert torch.equal(run("dare_ties", chunk),
                            _ties_ref(dropped, dens, w, masks=[torch.ones(t.shape, dtype=torch.bool) for t in taus]))
+
 
 def test_topk_breaks_ties_by_lower_index_in_every_chunking():
     t = torch.tensor([1.0, -3.0, 3.0, 2.0, 3.0, -3.0, 0.5, 3.0])
