@@ -329,6 +329,50 @@ def test_dare_without_rescale_drops_alone(monkeypatch, compiled):
                            _ties_ref(dropped, dens, w, masks=[torch.ones(t.shape, dtype=torch.bool) for t in taus]))
 
 
+def _mergekit_ties_ref(taus, dens, w):
+    """mergekit 0.1.5's sum consensus (get_mask): majority sign + where the weighted sum is >= 0, a value kept where
+    its sign equals it (a 0 never), the kept summed and divided by the kept weights (0: by 1)."""
+    kept = [torch.where(_topk_ref(t, max(1, int(d * t.numel()))), t, torch.zeros(())) * wi
+            for t, d, wi in zip(taus, dens, w)]
+    total = kept[0].clone()
+    for t in kept[1:]:
+        total = total + t
+    majority = torch.where(total >= 0, torch.ones(()), -torch.ones(()))
+    acc, div = torch.zeros_like(total), torch.zeros_like(total)
+    for t, wi in zip(kept, w):
+        mask = torch.sign(t) == majority
+        acc = acc + torch.where(mask, t, torch.zeros(()))
+        div = div + mask.float() * wi
+    return acc / torch.where(div == 0, torch.ones(()), div)
+
+
+@pytest.mark.parametrize("path", ["one_pass", "model_by_model", "torch"])
+def test_elect_zero_plus_is_mergekits_election(monkeypatch, path):
+    """Where the weighted sum of the pruned task vectors is exactly 0 (common on bf16 values) TIES elects no sign
+    by default (the paper's sgn(0)); `elect_zero: plus`, set by a mergekit config, elects + and keeps the positive
+    values as mergekit does: ties, dare_ties (density 1) and breadcrumbs_ties (gamma 0), in the one-pass loops,
+    the compiled model-by-model loops and the torch path, chunked or not."""
+    if path == "model_by_model":
+        monkeypatch.setattr(K, "MAX_ONE_PASS", 2)
+    if path == "torch":
+        monkeypatch.setitem(K._state, "mod", None)
+        monkeypatch.setitem(K._state, "tried", True)
+    g = torch.Generator().manual_seed(3)
+    taus = [torch.randint(-3, 4, (37, 11), generator=g).float() * 0.25 for _ in range(3)]   # many sums exactly 0
+    w = [1.0, 1.0, 0.5]
+    for dens in ([1.0] * 3, [0.5, 0.3, 0.7]):
+        want = _mergekit_ties_ref(taus, dens, w)
+        assert not torch.equal(want, _ties_ref(taus, dens, w))   # the data has sums of 0 with values kept
+        for chunk in (None, 50):
+            for name, opts in (("ties", {}), ("breadcrumbs_ties", {"gamma": 0.0}), ("dare_ties", {})):
+                if name == "dare_ties" and dens[0] != 1.0:
+                    continue
+                plan = E.make_plan(name, 3, densities=dens, weights=w, chunk_elems=chunk,
+                                   options={"normalize": True, "elect_zero": "plus", **opts})
+                assert torch.equal(E.merge_tensor(taus, plan)[0], want), (name, dens, chunk)
+    with pytest.raises(BadInputError, match="elect_zero must be one of none, plus"):
+        E.make_plan("breadcrumbs_ties", 3, options={"elect_zero": "minus"})
+
 def test_topk_breaks_ties_by_lower_index_in_every_chunking():
     t = torch.tensor([1.0, -3.0, 3.0, 2.0, 3.0, -3.0, 0.5, 3.0])
     tk = E.TopK(t, 3)

@@ -406,14 +406,14 @@ def accumulate(x, total, w, first, bits, bit):
 
 
 @_pjit
-def agree(x, total, acc, div, w, first):
+def agree(x, total, acc, div, w, first, pz):
     """TIES pass 1 (Alg. 1 l. 6-7): wp = x * w; where sign(wp) is the elected sign(total), acc += wp and
-    div += w (acc, div zeroed first)."""
+    div += w (acc, div zeroed first). A total of 0 elects pz: 0 (the paper's sgn(0)) or 1 (mergekit's +)."""
     wf = np.float32(w)
     one = w == 1.0
     for j in prange(x.shape[0]):
         t = total[j]
-        s = np.float32(1.0) if t > 0 else (np.float32(-1.0) if t < 0 else np.float32(0.0))
+        s = np.float32(1.0) if t > 0 else (np.float32(-1.0) if t < 0 else np.float32(pz))
         v = x[j]
         if not one:
             v = v * wf
@@ -1730,6 +1730,7 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
         return bad, nz
     acc = sc[1, :L]
     div = sc[2, :L]
+    pz = np.float32(consensus == 2)   # what a sum of 0 elects: 0 (consensus 1, the paper's) or + (2, mergekit's)
     for j in range(L):
         acc[j] = zero
         div[j] = zero
@@ -1739,7 +1740,7 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
         for j in range(L):
             v = x[j] * wk
             tj = t[j]
-            ok = v * (np.float32(tj > zero) - np.float32(tj < zero)) > zero  # the elected sign: sgn(sum), 0 elects none
+            ok = v * (np.float32(tj > zero) - np.float32(tj < zero) + np.float32(tj == zero) * pz) > zero
             acc[j] = acc[j] + (v if ok else zero)
             div[j] = div[j] + (wk if ok else zero)
     for j in range(L):
@@ -2062,7 +2063,8 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
              "    q0 = np.uint64(0)",
              "    q1 = np.uint64(0)",
              "    q2 = np.uint64(0)",
-             "    q3 = np.uint64(0)"]
+             "    q3 = np.uint64(0)",
+             "    pz = np.float32(consensus == 2)"]   # a sum of 0 elects 0 (consensus 1) or + (2, mergekit's)
     add = lines.append
     for k in range(K):
         add(f"    r{k} = rs[{k}]")
@@ -2115,7 +2117,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add("            bad = max(bad, _flag(c + _nf(t)))")
             add("            nz += t != zero")
             continue
-        add("            sg = np.float32(t > zero) - np.float32(t < zero)")  # the elected sign; 0 elects none
+        add("            sg = np.float32(t > zero) - np.float32(t < zero) + np.float32(t == zero) * pz")
         add("            acc = zero")
         add("            div = zero")
         for k in range(K):

@@ -305,14 +305,15 @@ def accumulate(x, total, w: float, first: bool, bits=None, bit: int = 0):
                                  int(bit if bits is not None else 0)))
 
 
-def agree(x, total, acc, div, w: float, first: bool) -> bool:
-    """TIES' disjoint accumulation (pass 1) in one loop; False when not run."""
+def agree(x, total, acc, div, w: float, first: bool, plus: bool = False) -> bool:
+    """TIES' disjoint accumulation (pass 1) in one loop (`plus`: a total of 0 elects +, mergekit's); False when not
+    run."""
     import torch
 
     if any(t.dtype != torch.float32 for t in (x, total, acc, div)) or not _ok(x, total, acc, div):
         return False
     _mod().agree(_np(x).reshape(-1), _np(total).reshape(-1), _np(acc).reshape(-1), _np(div).reshape(-1), float(w),
-                 bool(first))
+                 bool(first), 1.0 if plus else 0.0)
     return True
 
 
@@ -568,8 +569,9 @@ def _selections(sels):
             np.array([bool(s[2]) for s in sels], np.bool_), np.array([s[3] for s in sels], np.int64))
 
 
-def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, out, emit=None, tops=None):
-    """Magnitude-pruned task arithmetic (consensus False) or TIES (True) in one pass over every model's chunk,
+def topk_merge_raw(base, raws, sels, weights, consensus: int, normalize: bool, out, emit=None, tops=None):
+    """Magnitude-pruned task arithmetic (consensus 0) or TIES (1: a sum of 0 elects no sign, the paper's; 2: it
+    elects +, mergekit's) in one pass over every model's chunk,
     each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
     :func:`topk_prune`; with `tops` (Breadcrumbs), each model's second selection, an element kept only where the
     first keeps it and the second does not (:func:`band_prune`); bitwise as pruning, accumulating and agreeing
@@ -585,7 +587,7 @@ def topk_merge_raw(base, raws, sels, weights, consensus: bool, normalize: bool, 
     band = None if tops is None else _selections(tops)
     e = _emit_args(base, emit)
     bad, nz, ties, pairs, bo, ties2 = _mod().topk_merge_raw(got[0], got[1], *_selections(sels),
-                                                            np.asarray(weights, np.float64), bool(consensus),
+                                                            np.asarray(weights, np.float64), int(consensus),
                                                             bool(normalize), _np(out).reshape(-1),
                                                             *_emit_flagged(got[0], e), band)
     return int(bad), int(nz), [int(t) for t in ties], pairs, _emitted(bo, e), [int(t) for t in ties2]
@@ -634,7 +636,7 @@ def _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, relea
     return nz, hist, above2, np.array(first, np.int64), np.array(ends, np.int64)
 
 
-def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: bool, normalize: bool, out, emit=None,
+def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int, normalize: bool, out, emit=None,
                         buf=None, tops=None, release=None):
     """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
     index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
@@ -700,7 +702,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     wd2 = np.array(wds[1] if band else [0] * K, np.uint32)
     his2 = lo2 + wd2 if band else np.full(K, 0xFFFFFFFF, np.uint32)
     DEFERRED["tried"] += 1
-    args = (his.view(np.float32), lo1, wd1, lo2, wd2, his2, tv2, tf2, w, bool(consensus), bool(normalize))
+    args = (his.view(np.float32), lo1, wd1, lo2, wd2, his2, tv2, tf2, w, int(consensus), bool(normalize))
     got = _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, release)
     if got is None:
         return None
@@ -718,7 +720,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     thr_f = thr.view(np.float32)
     sec = (thr_f[K:].copy(), alls[K:].copy(), left[K:].copy()) if band else (None, None, None)
     bad2, dnz, change, bo2 = km.deferred_fix(vals, pos, first, ends, his, top_at, thr_f[:K].copy(), alls[:K].copy(),
-                                             left[:K].copy(), *sec, w, bool(consensus), bool(normalize), o, *ef)
+                                             left[:K].copy(), *sec, w, int(consensus), bool(normalize), o, *ef)
     if bad2:
         return None
     DEFERRED["found"] += 1
@@ -727,7 +729,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: boo
     return 0, int(nz + dnz), [int(x) for x in eq[:K]], pairs, _emitted(bo2, e), sels, [int(x) for x in eq[K:]]
 
 
-def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize: bool, rescale: bool, out, masks,
+def dare_merge_raw(base, raws, streams, ps, weights, consensus: int, normalize: bool, rescale: bool, out, masks,
                    emit=None):
     """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
     drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
@@ -753,7 +755,7 @@ def dare_merge_raw(base, raws, streams, ps, weights, consensus: bool, normalize:
     km.dare_masks(mts, poss, thrs, m)  # on copies of the states: the streams advance only when the chunk is done
     e = _emit_args(base, emit)
     bad, nz, _, pairs, bo = km.dare_merge_raw(got[0], got[1], m, ds, np.asarray(weights, np.float64),
-                                              bool(consensus), bool(normalize), _np(out).reshape(-1),
+                                              int(consensus), bool(normalize), _np(out).reshape(-1),
                                               *_emit_flagged(got[0], e))
     if not bad:
         for j, st in enumerate(streams):

@@ -19,7 +19,9 @@ NegMerge's methods (Kim et al. 2025 and its baselines; :mod:`icmltools.negmerge`
 
 Top-k per tensor is exact with bounded memory (:class:`~icmltools.merge.engine.TopK`: the threshold from one
 model's |tau| at a time, then chunked masks; ties at the threshold broken by lower flattened index). An
-exact zero elected sign (the trimmed values cancel) keeps nothing, as the paper's sgn(0) = 0.
+exact zero elected sign (the trimmed values cancel) keeps nothing, as the paper's sgn(0) = 0; the option
+``elect_zero`` "plus" of the sign-electing methods elects + there instead (mergekit's ``sign_weight >= 0``: the
+positive values are kept), as a mergekit config does.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from .engine import MergeMethod, TensorState, TopK, register, top_count
 from .options import BREADCRUMBS_GAMMA, DENSITY
 
 TRIMS = ("exact", "keep_ties")
+ELECT_ZERO = ("none", "plus")   # what a sum of 0 elects: no sign (the paper's sgn(0) = 0), or + (mergekit's)
 
 
 def _sum_into(total, x, k: int) -> None:
@@ -68,6 +71,15 @@ class Weighted(MergeMethod):
 
         if self.consensus and plan.options.get("trim", "exact") not in TRIMS:
             raise BadInputError(f"trim must be one of {', '.join(TRIMS)}", param="options")
+        if self.consensus and plan.options.get("elect_zero", "none") not in ELECT_ZERO:
+            raise BadInputError(f"elect_zero must be one of {', '.join(ELECT_ZERO)}", param="options")
+
+    def code(self, st) -> int:
+        """The compiled loops' consensus argument: 0 none; 1 TIES, a sum of 0 electing no sign (Alg. 1's sgn);
+        2 TIES with mergekit's election there (sign_weight >= 0: +, so the positive values are kept)."""
+        if not self.consensus:
+            return 0
+        return 2 if st.plan.options.get("elect_zero") == "plus" else 1
 
     def prune(self, st: TensorState, tau, i: int, p: int):
         """Model i's chunk after sparsification (may reuse `tau`)."""
@@ -92,7 +104,7 @@ class Weighted(MergeMethod):
         compiled loop; False when it cannot run (the torch ops follow)."""
         if p == 0:
             return st.accumulate_counted(i, x, w, k == 0)
-        return K.agree(x, st.total, st.acc, st.div, w, k == 0)
+        return K.agree(x, st.total, st.acc, st.div, w, k == 0, self.code(st) == 2)
 
     def _agree(self, st, wp, w: float, k: int) -> None:
         """Pass 1 of the consensus: accumulate the entries whose sign is the elected sign(sum) (Alg. 1 l. 6-7)."""
@@ -100,6 +112,8 @@ class Weighted(MergeMethod):
 
         if k == 0:
             torch.sign(st.total, out=st.sgn)
+            if self.code(st) == 2:  # mergekit's election: a sum of 0 elects +
+                st.sgn.masked_fill_(st.total == 0, 1.0)
             st.acc.zero_()
             st.div.zero_()
         agree = torch.gt(torch.mul(wp, st.sgn), 0)  # same strict sign as the elected one (sgn 0 elects nothing)
@@ -215,7 +229,7 @@ class _Magnitude(Weighted):
         """merge_raw before any scan: each model's TopK from the thresholds the one pass found, or None."""
         keep = st.plan.options.get("trim") == "keep_ties"
         ks = [self._k(st, i) for i in wanted]
-        got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus,
+        got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.code(st),
                                     bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                     buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
         if got is None:
@@ -235,7 +249,7 @@ class _Magnitude(Weighted):
         if not st.topk:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
-                               [st.plan.weights[i] for i in wanted], self.consensus,
+                               [st.plan.weights[i] for i in wanted], self.code(st),
                                bool(st.plan.options.get("normalize")), out, emit=st.emit)
         if got is None or got[0]:
             return None if got is None else (got[0], out, 0, None)
@@ -258,7 +272,7 @@ class Ties(_Magnitude):
 
     name = "ties"
     reference = "Yadav et al., TIES-Merging: Resolving Interference When Merging Models, NeurIPS 2023"
-    options = {"normalize": True, "trim": "exact"}
+    options = {"normalize": True, "trim": "exact", "elect_zero": "none"}
     buffers = (("total", None), ("sgn", None), ("acc", None), ("div", None))
     consensus = True
     passes = 2
@@ -298,7 +312,7 @@ class Dare(Weighted):
         if any(s is None for s, p in zip(streams, ps) if p > 0):
             return None
         out = st.acc if self.consensus else st.total
-        got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus,
+        got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.code(st),
                                bool(st.plan.options.get("normalize")), st.plan.options["rescale"], out,
                                st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)),  # rows
                                emit=st.emit)  # for the most models a pass takes: buffers independent of the count
@@ -317,7 +331,7 @@ class DareTies(Dare):
 
     name = "dare_ties"
     reference = "Yu et al., ICML 2024 (DARE) with Yadav et al., NeurIPS 2023 (TIES)"
-    options = {"normalize": True, "rescale": True}
+    options = {"normalize": True, "rescale": True, "elect_zero": "none"}
     buffers = Ties.buffers
     consensus = True
     passes = 2
@@ -335,6 +349,7 @@ class Breadcrumbs(_Magnitude):
     def validate(self, plan):
         from icmltools.core.errors import BadInputError
 
+        super().validate(plan)
         if not 0.0 <= float(plan.options["gamma"]) < 1.0:
             raise BadInputError(f"gamma must be in [0, 1), got {plan.options['gamma']}", param="options")
 
@@ -369,7 +384,7 @@ class Breadcrumbs(_Magnitude):
         """merge_raw before any scan: both TopKs of each model from the thresholds the one pass found, or None."""
         ks = [self._ks(st, i) for i in wanted]
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
-                                    self.consensus, bool(st.plan.options.get("normalize")), out, emit=st.emit,
+                                    self.code(st), bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                     buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
                                     tops=[k[1] for k in ks], release=st.release)
         if got is None:
@@ -392,7 +407,7 @@ class Breadcrumbs(_Magnitude):
         if not st.topk:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
-                               [st.plan.weights[i] for i in wanted], self.consensus,
+                               [st.plan.weights[i] for i in wanted], self.code(st),
                                bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                tops=[st.topk[i][1].selection(0) for i in wanted])
         if got is None or got[0]:
@@ -412,6 +427,7 @@ class BreadcrumbsTies(Breadcrumbs):
 
     name = "breadcrumbs_ties"
     reference = "Davari & Belilovsky, ECCV 2024 (Breadcrumbs) with Yadav et al., NeurIPS 2023 (TIES)"
+    options = {"normalize": False, "gamma": BREADCRUMBS_GAMMA, "elect_zero": "none"}
     buffers = Ties.buffers
     consensus = True
     passes = 2
