@@ -581,6 +581,8 @@ def test_cli_config_normalize_as_mergekit(layered, tmp_path, monkeypatch):
         (tmp_path / f"{method}.yml").write_text(yml.replace("METHOD", method))
         plan = api.prepare_config(tmp_path / f"{method}.yml").plan
         assert plan.options["normalize"] is normalize, method
+        # mergekit's sign election: a weighted sum of 0 elects + (ours by default: no sign, the paper's)
+        assert plan.options.get("elect_zero") == ("plus" if method.endswith("ties") else None), method
 
 
 def test_config_rescale_as_mergekit(layered, tmp_path, monkeypatch):
@@ -594,8 +596,8 @@ def test_config_rescale_as_mergekit(layered, tmp_path, monkeypatch):
            "  - {model: in/m0.safetensors, parameters: {weight: 0.5, density: 0.5}}\nparameters: {rescale: FLAG}\n")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").symlink_to(d)
-    for method, flag, want in (("dare_linear", "false", False), ("dare_ties", "false", False), ("dare_ties", "true", True),
-                               ("ties", "false", None), ("breadcrumbs_ties", "false", None)):
+    for method, flag, want in (("dare_linear", "false", False), ("dare_ties", "false", False),
+                               ("dare_ties", "true", True), ("ties", "false", None), ("breadcrumbs_ties", "false", None)):
         (tmp_path / "c.yml").write_text(yml.replace("METHOD", method).replace("FLAG", flag))
         assert api.prepare_config("c.yml").plan.options.get("rescale") is want, (method, flag)
     (tmp_path / "c.yml").write_text(yml.replace("METHOD", "dare_linear").replace("parameters: {rescale: FLAG}\n", ""))

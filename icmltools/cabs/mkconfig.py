@@ -43,6 +43,7 @@ NOT_OPTIONS = {"default_n_m_ratio", "pruning_order", "int8_mask"}  # read here; 
 TENSOR_PARAMS = ("weight", "density")   # per model, settable per tensor (filters, layer gradients)
 NORMALIZED = {"ties"}   # mergekit 0.1.5's default_normalize is true for these only (our own dare_ties: true)
 RESCALED = {"dare_linear", "dare_ties"}   # mergekit 0.1.5's default_rescale is true for these (della too)
+ELECTING = {"ties", "dare_ties", "breadcrumbs_ties"}   # mergekit's sum consensus: a sum of 0 elects + there
 
 
 @dataclass
@@ -255,7 +256,8 @@ def _order(path, refs: list, order) -> list[int]:
 
 def _global_params(path: Path, mk: str, glob: dict) -> dict:
     """The top-level parameters that become method options: flags checked, lambda a number, mergekit 0.1.5's
-    defaults filled (normalize), rescale true refused where mergekit would match the L1 norm after the trim."""
+    defaults filled (normalize; the sign-electing methods elect + where the sum is 0, as mergekit's get_mask), rescale
+    true refused where mergekit would match the L1 norm after the trim."""
     for key in FLAGS:
         if key in glob and not isinstance(glob[key], bool):
             _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
@@ -267,6 +269,8 @@ def _global_params(path: Path, mk: str, glob: dict) -> dict:
     if params.get("rescale") and mk not in RESCALED:
         _fail(path, f"parameters.rescale: true is not supported for {mk} (mergekit would scale each pruned task "
                     "vector to its L1 norm; false, the default, is)")
+    if mk in ELECTING:   # get_mask: majority sign = + where the weighted sum is >= 0 (ours by default: none at 0)
+        params["elect_zero"] = "plus"
     return params
 
 
