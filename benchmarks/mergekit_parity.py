@@ -11,14 +11,20 @@ outputs are compared tensor by tensor.
 Each config says what to expect: `bitwise` (the same bytes), or why they differ (DARE's random masks come from
 different generators; a bfloat16 `dtype` makes mergekit compute in bfloat16 where we compute in float32). Where
 the masks are random, the merged task vectors' L1 norms are compared instead (`l1_ratio`, ours / mergekit's over
-the whole model: a rescale applied on one side only would put it near 1/density or density). Prints one JSON
-document; `as_expected` is false if a `bitwise` config differs or an `l1_ratio` is off 1 by more than 5 %.
+the whole model: a rescale applied on one side only would put it near 1/density or density). A second family of
+models (`q_base`, `q0`..`q2`) holds bfloat16 values in float32 files, as a bf16 checkpoint read in float32, with
+fine-tuning deltas of a few bf16 steps: there weighted sums of the task vectors are often exactly 0 (mergekit
+elects + there, and so does a config here: the option elect_zero) and many magnitudes are equal at a top-k
+threshold; `zero_sum_positive` counts the differing elements where ours is the base and mergekit's above it (what
+the other election would leave). Prints one JSON document; `as_expected` is false if a `bitwise` config differs
+or an `l1_ratio` is off 1 by more than 5 %.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -59,6 +65,11 @@ def _plain(method: str, params: str, top: str = "", dtype: str = "float32") -> s
                      for m, w in zip(MODELS, (0.5, 0.75, 1.0)))
     return (f"merge_method: {method}\nbase_model: base\nmodels:\n{models}"
             + (f"parameters: {{{top}}}\n" if top else "") + f"dtype: {dtype}\n")
+
+
+def _q(method: str, params: str) -> str:
+    """A config over the bf16-valued models (equal weights: exact zero sums are common)."""
+    return _plain(method, params).replace("base_model: base", "base_model: q_base").replace("model: m", "model: q")
 
 
 CONFIGS = {   # name -> (config, what to expect)
@@ -128,6 +139,13 @@ CONFIGS = {   # name -> (config, what to expect)
     "task_arithmetic_float16_dtype": (_plain("task_arithmetic", "weight: {w}", dtype="float16"),
                                       "differs: mergekit computes in the config's float16, we in float32 (one cast): "
                                       "roundings"),
+    "task_arithmetic_bf16_values": (_q("task_arithmetic", "weight: 1.0"), "bitwise"),
+    "ties_bf16_values_density_1": (_q("ties", "weight: 1.0, density: 1.0"), "bitwise"),
+    "dare_ties_bf16_values_density_1": (_q("dare_ties", "weight: 1.0, density: 1.0"), "bitwise"),
+    "breadcrumbs_ties_bf16_values_density_1": (_q("breadcrumbs_ties", "weight: 1.0, density: 1.0"), "bitwise"),
+    "ties_bf16_values_density_0.5": (_q("ties", "weight: 1.0, density: 0.5"),
+                                     "differs: among equal magnitudes at the top-k threshold mergekit keeps those "
+                                     "torch.argsort (not stable) puts first, we the lower indices"),
 }
 
 
@@ -163,6 +181,13 @@ def generate(folder: Path) -> None:
         (folder / name / "tokenizer.json").write_text(json.dumps(tokenizer))
         (folder / name / "tokenizer_config.json").write_text(
             json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>"}))
+    q = {k: v.bfloat16().float() for k, v in base.items()}   # bf16 values, a few bf16 steps of fine-tuning
+    for name in ("q_base",) + tuple(f"q{i}" for i in range(len(MODELS))):
+        sd = q if name == "q_base" else {k: (v + 0.01 * torch.randn(v.shape, generator=g)).bfloat16().float()
+                                         for k, v in q.items()}
+        write_state_dict(sd, folder / name, fmt="hf_safetensors")
+        for f in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+            (folder / name / f).write_text((folder / "base" / f).read_text())
 
 
 def _load(folder: Path) -> dict:
@@ -181,8 +206,9 @@ def compare(a: dict, b: dict, base: dict) -> dict:
     n_diff = sum(int((a[k] != b[k]).sum()) for k in a)
     numel = sum(a[k].numel() for k in a)
     l1 = [sum(float((x[k].double() - base[k].double()).abs().sum()) for k in a) for x in (a, b)]
+    zero_sum = sum(int(((a[k] != b[k]) & (b[k] == base[k]) & (a[k] > base[k])).sum()) for k in a)
     return {"n_tensors": len(a), "tensors_equal": sum(torch.equal(a[k], b[k]) for k in a),
-            "elements_differing": n_diff / numel,
+            "elements_differing": n_diff / numel, "n_differing": n_diff, "zero_sum_positive": zero_sum,
             "max_abs_diff": max(float((a[k].float() - b[k].float()).abs().max()) for k in a),
             "l1_ratio": round(l1[1] / l1[0], 4) if l1[0] else None}
 
@@ -203,7 +229,8 @@ def run(folder: Path, mergekit_python: str, name: str, text: str) -> dict:
     if p.returncode != 0:
         return {"error": "ours: " + p.stderr.strip()[-300:]}
     out = json.loads(p.stdout)["result"]["output"]
-    return compare(_load(mk_out), _load(Path(out)), _load(folder / "base"))
+    base = re.search(r"^base_model: (\S+)$", text, re.M).group(1)
+    return compare(_load(mk_out), _load(Path(out)), _load(folder / base))
 
 
 def main(argv=None) -> int:
