@@ -323,8 +323,8 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     from . import mkconfig
 
     cfg = mkconfig.read_config(path)
-    options = {k: v for k, v in cfg.params.items()
-               if k in ("normalize", "gamma", "elect_zero") or (k == "rescale" and cfg.method in ("dare", "dare_ties"))}
+    options = {k: v for k, v in cfg.params.items() if k in ("normalize", "gamma", "elect_zero")
+               or (k == "rescale" and cfg.method in ("dare", "dare_ties"))}
     if cfg.params.get("lambda", 1.0) != 1.0 and lam_grid is not None:
         raise BadInputError(f"{path}: parameters.lambda is the global scale --lam-grid searches; drop one of them",
                             param="config")

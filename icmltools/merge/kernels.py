@@ -571,14 +571,13 @@ def _selections(sels):
 
 def topk_merge_raw(base, raws, sels, weights, consensus: int, normalize: bool, out, emit=None, tops=None):
     """Magnitude-pruned task arithmetic (consensus 0) or TIES (1: a sum of 0 elects no sign, the paper's; 2: it
-    elects +, mergekit's) in one pass over every model's chunk,
-    each model pruned by its TopK selection `sels[k]` = (mode, threshold, all ties, ties left) as
-    :func:`topk_prune`; with `tops` (Breadcrumbs), each model's second selection, an element kept only where the
-    first keeps it and the second does not (:func:`band_prune`); bitwise as pruning, accumulating and agreeing
-    model after model. (non-finite flag, nonzeros of the result (TIES: of the divisor), ties at each model's
-    threshold, kept pairs: numpy counts[a][b], a <= b, of the elements both models a and b kept, non-finite
-    output flag or None (`emit`, as sum_raw: the output chunk written block by block, `out` then only
-    scratch), ties at each model's second threshold (zeros without `tops`)) or None when not run."""
+    elects +, mergekit's) in one pass over every model's chunk, each model pruned by its TopK selection `sels[k]` =
+    (mode, threshold, all ties, ties left) as :func:`topk_prune`; with `tops` (Breadcrumbs), each model's second
+    selection, an element kept only where the first keeps it and the second does not (:func:`band_prune`); bitwise
+    as pruning, accumulating and agreeing model after model. (non-finite flag, nonzeros of the result (TIES: of the
+    divisor), ties at each model's threshold, kept pairs: numpy counts[a][b], a <= b, of the elements both models a
+    and b kept, non-finite output flag or None (`emit`, as sum_raw: the output chunk written block by block, `out`
+    then only scratch), ties at each model's second threshold (zeros without `tops`)) or None when not run."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
@@ -731,12 +730,13 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
 
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: int, normalize: bool, rescale: bool, out, masks,
                    emit=None):
-    """DARE (consensus False) or DARE-TIES (True) in one pass over every model's chunk: each model's keep mask
-    drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept as is), the models'
-    streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p) where kept (tau /
-    1 without `rescale`) and the sum or TIES' election and disjoint mean, bitwise as :func:`engine.dare_tensor`
-    and the model-by-model loops. (non-finite flag, nonzeros of the result (TIES: of the divisor), kept pairs and non-finite output flag
-    as topk_merge_raw's) or None when not run; the streams advance only when the flag is 0."""
+    """DARE (consensus 0) or DARE-TIES (1 or 2, as topk_merge_raw's) in one pass over every model's chunk: each
+    model's keep mask drawn from its :class:`MTStream` (streams[k]; None where ps[k] <= 0: nothing drawn, tau kept
+    as is), the models' streams in parallel, into the uint8 rows of `masks` (len(raws) x chunk); then tau / (1 - p)
+    where kept (tau / 1 without `rescale`) and the sum or TIES' election and disjoint mean, bitwise as
+    :func:`engine.dare_tensor` and the model-by-model loops. (non-finite flag, nonzeros of the result (TIES: of the
+    divisor), kept pairs and non-finite output flag as topk_merge_raw's) or None when not run; the streams advance
+    only when the flag is 0."""
     import numpy as np
     import torch
 
