@@ -323,26 +323,20 @@ def prepare_config(path, *, out_format: str = "same", chunk_elems: int | None = 
     from . import mkconfig
 
     cfg = mkconfig.read_config(path)
-    options = {k: v for k, v in cfg.params.items() if k in ("normalize", "gamma", "elect_zero")
-               or (k == "rescale" and cfg.method in ("dare", "dare_ties"))}
+    options = {k: v for k, v in cfg.params.items() if k != "lambda"}   # the rest are the method's options
     if cfg.params.get("lambda", 1.0) != 1.0 and lam_grid is not None:
         raise BadInputError(f"{path}: parameters.lambda is the global scale --lam-grid searches; drop one of them",
                             param="config")
     densities = [1.0 if d is None else d for d in cfg.densities]   # mergekit's default density is 1
     nm = f"{cfg.nms[0][0]}:{cfg.nms[0][1]}"
     nm_for = [f"{i}={n}:{m}" for i, (n, m) in enumerate(cfg.nms)]
-    try:
-        job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights,
-                            tail=tail, out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
-                            options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
-                            include=include, exclude=exclude, out_dtype=cfg.out_dtype,
-                            source={"file": str(path), "merge_method": cfg.mergekit_method,
-                                    **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})},
-                            tensor_settings=cfg.tensor)
-    except BadInputError as e:   # a weight or density from the file: its error, not a flag's (--lam, --nm)
-        if e.param not in ("weights", "densities"):
-            raise
-        raise BadInputError(f"{path}: {e.message}", param="config") from None
+    job = prepare_files(cfg.base, cfg.models, method=cfg.method, nm=nm, nm_for=nm_for, lam=cfg.weights, tail=tail,
+                        out_format=out_format, chunk_elems=chunk_elems, seed=seed, densities=densities,
+                        options=options or None, lam_grid=lam_grid, eval_cmd=eval_cmd, eval_timeout=eval_timeout,
+                        include=include, exclude=exclude, out_dtype=cfg.out_dtype,
+                        source={"file": str(path), "merge_method": cfg.mergekit_method,
+                                **({"tokenizer_source": cfg.tokenizer_source} if cfg.tokenizer_source else {})},
+                        tensor_settings=cfg.tensor)   # mkconfig checked every weight and density the engine would
     job.warnings.extend(cfg.warnings)
     if cfg.tokenizer_source is not None:   # the files exist and are compatible: now their vocabularies
         mkconfig.same_vocabulary(path, cfg)

@@ -57,7 +57,7 @@ class MergekitConfig:
     weights: list
     densities: list                       # per model, None where unset
     nms: list                             # cabs: per model (n, m)
-    params: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)   # our method's options, and "lambda" (_global_params)
     warnings: list = field(default_factory=list)
     out_dtype: str = "same"               # out_dtype, else dtype, else each tensor keeps its own
     tokenizer_source: str | None = None   # base / union: checked by same_vocabulary before the merge
@@ -255,9 +255,10 @@ def _order(path, refs: list, order) -> list[int]:
 
 
 def _global_params(path: Path, mk: str, glob: dict) -> dict:
-    """The top-level parameters that become method options: flags checked, lambda a number, mergekit 0.1.5's
-    defaults filled (normalize; the sign-electing methods elect + where the sum is 0, as mergekit's get_mask), rescale
-    true refused where mergekit would match the L1 norm after the trim."""
+    """The top-level parameters as our method's options, and ``lambda`` (a number, the merged vector's scale):
+    flags checked, mergekit 0.1.5's defaults filled (normalize; the sign-electing methods elect + where the sum is
+    0, as mergekit's get_mask); ``rescale`` kept for DARE only (false, the others' default, changes nothing there;
+    their true, mergekit's L1-norm match after the trim, is refused)."""
     for key in FLAGS:
         if key in glob and not isinstance(glob[key], bool):
             _fail(path, f"parameters.{key}: expected true or false, got {glob[key]!r}")
@@ -266,7 +267,7 @@ def _global_params(path: Path, mk: str, glob: dict) -> dict:
     params = {k: v for k, v in glob.items() if k in GLOBAL_PARAMS[mk] and k not in NOT_OPTIONS}
     if "normalize" in GLOBAL_PARAMS[mk]:
         params.setdefault("normalize", mk in NORMALIZED)
-    if params.get("rescale") and mk not in RESCALED:
+    if mk not in RESCALED and params.pop("rescale", False):
         _fail(path, f"parameters.rescale: true is not supported for {mk} (mergekit would scale each pruned task "
                     "vector to its L1 norm; false, the default, is)")
     if mk in ELECTING:   # get_mask: majority sign = + where the weighted sum is >= 0 (ours by default: none at 0)

@@ -74,7 +74,7 @@ class Weighted(MergeMethod):
         if self.consensus and plan.options.get("elect_zero", "none") not in ELECT_ZERO:
             raise BadInputError(f"elect_zero must be one of {', '.join(ELECT_ZERO)}", param="options")
 
-    def code(self, st) -> int:
+    def consensus_code(self, st) -> int:
         """The compiled loops' consensus argument: 0 none; 1 TIES, a sum of 0 electing no sign (Alg. 1's sgn);
         2 TIES with mergekit's election there (sign_weight >= 0: +, so the positive values are kept)."""
         if not self.consensus:
@@ -104,7 +104,7 @@ class Weighted(MergeMethod):
         compiled loop; False when it cannot run (the torch ops follow)."""
         if p == 0:
             return st.accumulate_counted(i, x, w, k == 0)
-        return K.agree(x, st.total, st.acc, st.div, w, k == 0, self.code(st) == 2)
+        return K.agree(x, st.total, st.acc, st.div, w, k == 0, self.consensus_code(st) == 2)
 
     def _agree(self, st, wp, w: float, k: int) -> None:
         """Pass 1 of the consensus: accumulate the entries whose sign is the elected sign(sum) (Alg. 1 l. 6-7)."""
@@ -112,7 +112,7 @@ class Weighted(MergeMethod):
 
         if k == 0:
             torch.sign(st.total, out=st.sgn)
-            if self.code(st) == 2:  # mergekit's election: a sum of 0 elects +
+            if self.consensus_code(st) == 2:  # mergekit's election: a sum of 0 elects +
                 st.sgn.masked_fill_(st.total == 0, 1.0)
             st.acc.zero_()
             st.div.zero_()
@@ -229,7 +229,7 @@ class _Magnitude(Weighted):
         """merge_raw before any scan: each model's TopK from the thresholds the one pass found, or None."""
         keep = st.plan.options.get("trim") == "keep_ties"
         ks = [self._k(st, i) for i in wanted]
-        got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.code(st),
+        got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                     bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                     buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
         if got is None:
@@ -249,7 +249,7 @@ class _Magnitude(Weighted):
         if not st.topk:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
-                               [st.plan.weights[i] for i in wanted], self.code(st),
+                               [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                bool(st.plan.options.get("normalize")), out, emit=st.emit)
         if got is None or got[0]:
             return None if got is None else (got[0], out, 0, None)
@@ -312,7 +312,7 @@ class Dare(Weighted):
         if any(s is None for s, p in zip(streams, ps) if p > 0):
             return None
         out = st.acc if self.consensus else st.total
-        got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.code(st),
+        got = K.dare_merge_raw(base, raws, streams, ps, [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                bool(st.plan.options.get("normalize")), st.plan.options["rescale"], out,
                                st.buf("dare_masks", torch.uint8, K.MAX_ONE_PASS * (st.stop - st.start)),  # rows
                                emit=st.emit)  # for the most models a pass takes: buffers independent of the count
@@ -384,7 +384,7 @@ class Breadcrumbs(_Magnitude):
         """merge_raw before any scan: both TopKs of each model from the thresholds the one pass found, or None."""
         ks = [self._ks(st, i) for i in wanted]
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
-                                    self.code(st), bool(st.plan.options.get("normalize")), out, emit=st.emit,
+                                    self.consensus_code(st), bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                     buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
                                     tops=[k[1] for k in ks], release=st.release)
         if got is None:
@@ -407,7 +407,7 @@ class Breadcrumbs(_Magnitude):
         if not st.topk:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
-                               [st.plan.weights[i] for i in wanted], self.code(st),
+                               [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                tops=[st.topk[i][1].selection(0) for i in wanted])
         if got is None or got[0]:
