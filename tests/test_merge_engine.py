@@ -730,6 +730,59 @@ def test_compiled_loops_cut_in_pieces_equal_the_torch_path(tmp_path, name):
         numba.set_num_threads(old)
 
 
+@needs_numba
+def test_pieces_run_once_each_and_a_ctrl_c_waits_for_the_running_ones():
+    """_run_pieces (the one-pass drivers' threads): every piece runs exactly once on up to numba's thread count;
+    an error in a piece is raised; a KeyboardInterrupt in one is raised only once no other piece is running, and
+    no piece starts after it."""
+    import threading
+    import time
+
+    import numba
+
+    from icmltools.merge import _kernels_numba as N
+
+    old = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        done, lock, running, started_after = [], threading.Lock(), [0], []
+
+        def piece(p, T, phase, out, stop_at=None):
+            with lock:
+                running[0] += 1
+                if stop_at is not None and started_after:
+                    started_after.append(p)
+            try:
+                time.sleep(0.01)
+                out.append((p, T, phase, threading.get_ident()))
+                if p == stop_at:
+                    started_after.append(None)
+                    raise KeyboardInterrupt
+                if p == 5 and stop_at == -1:
+                    raise ValueError("piece 5")
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        N._run_pieces(piece, 8, 1, (done,))
+        assert sorted(d[0] for d in done) == list(range(8)) and {d[1:3] for d in done} == {(8, 1)}
+        assert len({d[3] for d in done}) == numba.get_num_threads()  # the calling thread and the pool's
+        with pytest.raises(ValueError, match="piece 5"):
+            N._run_pieces(piece, 8, 0, ([], -1))
+        assert running[0] == 0
+        got = []
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                N._run_pieces(piece, 64, 0, (got, 3))
+            finally:
+                got.append(running[0])
+        assert got[-1] == 0 and len(got) - 1 < 64  # nothing running when it is raised; the rest never started
+        # at most the other thread's piece taken before the stop was marked (None marks the interrupt)
+        assert started_after[0] is None and len(started_after) <= numba.get_num_threads()
+    finally:
+        numba.set_num_threads(old)
+
+
 ONE_PASS = ("task_arithmetic", "uniform", "negmerge", "magmax", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs",
             "ca_magnitude", "breadcrumbs")
 WEIGHTED_ONE_PASS = ("task_arithmetic", "magnitude", "ties", "dare", "dare_ties", "cabs", "bs", "ca_magnitude",

@@ -44,6 +44,67 @@ def _pjit(fn):
     return _jit(fn, parallel=True)
 
 
+def _run_pieces(fn, T, phase, args):
+    """fn(p, T, phase, *args) for every piece p of T, spread over numba's thread count (:func:`numba_threads`
+    sizes it): the calling thread and a pool's threads each take the next piece until none is left (fn is a
+    serial loop compiled with nogil, so they run at once). Instead of `prange`, for the one-pass drivers: a
+    parallel loop's compile optimises its body's code again (_merge_models: 18.9-20.4 s per model count and
+    dtype, 9.2-10.6 s serial). A Ctrl-C waits for the pieces running (they write into the caller's buffers),
+    starts no other, and is raised then; an error in a piece is raised after every piece has stopped."""
+    import itertools
+
+    n = min(T, numba.get_num_threads())
+    if n <= 1:
+        for p in range(T):
+            fn(p, T, phase, *args)
+        return
+    nxt, stop = itertools.count(), []
+
+    def work():
+        while not stop:
+            p = next(nxt)  # atomic: each piece is taken once
+            if p >= T:
+                return
+            try:
+                fn(p, T, phase, *args)
+            except BaseException:
+                stop.append(p)
+                raise
+
+    from concurrent.futures import wait
+
+    futs = [_pool().submit(work) for _ in range(n - 1)]
+    err = None
+    try:
+        work()
+    except BaseException as e:
+        err = e
+        stop.append(-1)
+    while True:
+        try:
+            wait(futs)
+            break
+        except BaseException as e:  # a Ctrl-C while the others finish their pieces
+            err = err or e
+            stop.append(-1)
+    if err is not None:
+        raise err
+    for f in futs:
+        f.result()
+
+
+_POOL = []
+
+
+def _pool():
+    """The worker threads of :func:`_run_pieces` (started when first needed; as many as numba may use)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1), "merge-piece"))
+    return _POOL[0]
+
+
 _MAX_PIECES = 8  # numba's threads share these out (a fixed count: the compiled loops stay cacheable)
 
 
@@ -1186,28 +1247,36 @@ def threshold_prune(x, thr, taken):
         x[j] = x[j] if keep else zero
 
 
-@_pjit
 def hist_hi_tau(raw, base, counts, taken):
     """hist_hi of tau = raw - base computed on the fly (the task vector is never stored; raw and base each bf16
     bits or float32, compiled per pair), tau read as 0 where `taken` (a bool array, or None: nothing taken);
     returns the number of non-finite tau elements (taken ones included)."""
     T, part = _parts(raw.shape[0], counts.shape[0])
     bads = np.zeros(T, np.int64)
-    for t in prange(T):
-        lo, hi = _piece(raw.shape[0], t, T, 1)
-        bads[t] = _hist_hi_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[t])
+    _run_pieces(_hist_hi_piece, T, 0, (raw, base, taken, part, bads))
     _add_parts(counts, part)
     return bads.sum()
 
 
-@_pjit
+@_jit
+def _hist_hi_piece(p, T, phase, raw, base, taken, part, bads):
+    """Piece p of T of hist_hi_tau (serial, run by _run_pieces)."""
+    lo, hi = _piece(raw.shape[0], p, T, 1)
+    bads[p] = _hist_hi_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[p])
+
+
 def hist_lo_tau(raw, base, bucket, counts, taken):
     """hist_lo of tau = raw - base computed on the fly (0 where `taken`, as hist_hi_tau)."""
     T, part = _parts(raw.shape[0], counts.shape[0])
-    for t in prange(T):
-        lo, hi = _piece(raw.shape[0], t, T, 1)
-        _hist_lo_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), np.uint32(bucket), part[t])
+    _run_pieces(_hist_lo_piece, T, 0, (raw, base, taken, np.uint32(bucket), part))
     _add_parts(counts, part)
+
+
+@_jit
+def _hist_lo_piece(p, T, phase, raw, base, taken, bucket, part):
+    """Piece p of T of hist_lo_tau (serial, run by _run_pieces)."""
+    lo, hi = _piece(raw.shape[0], p, T, 1)
+    _hist_lo_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), bucket, part[p])
 
 
 @_jit
@@ -1220,13 +1289,12 @@ def sample_hi_tau(raw, base, taken, starts, width, out):
             out[i * width + k] = (u[k] & _ABS) >> np.uint32(16)
 
 
-@_pjit
 def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, threads):
     """hist_hi_tau, and in the same pass the low histograms of the high-bit buckets s0 .. s0 + w0 - 1 (rows 0 ..
     w0 - 1 of lo_counts) and s1 .. s1 + w1 - 1 (the rows after them; the two windows disjoint): the buckets a
     sample says the k-th largest falls in, so the low pass over tau is not needed when it does. A piece of at
     most 2^31 elements (int32 counts per piece); returns the number of non-finite tau elements. One piece per
-    thread (`threads`: numba's count, passed in, so the loop stays cacheable), not the usual 8: each piece's
+    thread (`threads`: numba's count; the pieces on threads: _run_pieces), not the usual 8: each piece's
     counts are zeroed and summed (8 pieces of 6 rows would be 12 MB per call); integer counts, any cut gives the
     same. Each piece counts into two halves of the buckets followed by the windows' low rows
     (_hist_windows_span): an element of a window's bucket counts in its low row only, and the bucket's count is
@@ -1236,10 +1304,23 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
     W = w0 + w1
     part = np.zeros((T, 2 * NB + W * 65536), np.int32)
     bads = np.zeros(T, np.int64)
-    for t in prange(T):
-        lo, hi = _piece(raw.shape[0], t, T, 1)
-        bads[t] = _hist_windows_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[t], NB,
-                                     np.uint32(s0), np.uint32(w0), np.uint32(s1), np.uint32(w1))
+    _run_pieces(_hist_windows_piece, T, 0, (raw, base, taken, part, bads, NB, np.uint32(s0), np.uint32(w0),
+                                            np.uint32(s1), np.uint32(w1)))
+    _windows_sum(counts, part, lo_counts, NB, s0, w0, s1, W)
+    return bads.sum()
+
+
+@_jit
+def _hist_windows_piece(p, T, phase, raw, base, taken, part, bads, NB, s0, w0, s1, w1):
+    """Piece p of T of hist_tau_windows (serial, run by _run_pieces)."""
+    lo, hi = _piece(raw.shape[0], p, T, 1)
+    bads[p] = _hist_windows_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[p], NB, s0, w0, s1, w1)
+
+
+@_jit
+def _windows_sum(counts, part, lo_counts, NB, s0, w0, s1, W):
+    """hist_tau_windows' pieces summed: the high histogram's two halves into counts, each window's low rows into
+    lo_counts and their sums into their bucket's count."""
     _add_parts(counts, part[:, :NB])
     _add_parts(counts, part[:, NB:2 * NB])
     for d in range(W):
@@ -1247,7 +1328,6 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
         had = row.sum()
         _add_parts(row, part[:, 2 * NB + d * 65536:2 * NB + (d + 1) * 65536])
         counts[s0 + d if d < w0 else s1 + d - w0] += row.sum() - had
-    return bads.sum()
 
 
 @_pjit
@@ -1465,6 +1545,17 @@ def _store_impl(total, oraw, base, j, v, sc):
     return lambda total, oraw, base, j, v, sc: _emit(oraw, base, j, v, sc)
 
 
+def _span(a, lo, hi):
+    """a[lo:hi], or None for None (an optional output chunk, chosen when compiled)."""
+
+
+@overload(_span)
+def _span_impl(a, lo, hi):
+    if isinstance(a, types.NoneType):
+        return lambda a, lo, hi: None
+    return lambda a, lo, hi: a[lo:hi]
+
+
 @_jit
 def _emit_span(oraw, base, merged, sc):
     """_emit over a span (slices: indexed from 0, so the loop vectorises); 1 when an output is not finite, else 0
@@ -1493,13 +1584,24 @@ def _sum_at(base, raws, ws, j, weighted):
     return s, c
 
 
-@_pjit
 def sum_raw(base, raws, ws, total, div, oraw, sc):
     """Task arithmetic over every model's chunk at once (each input read once, tau never stored): total = sum_k
     tau_k * w_k, tau_k = float32(raws[k]) - base, in model order as tau_accumulate model after model; then
     total / div where div > 0 (the uniform mean). With an output chunk `oraw` (not None) the output goes
     straight to it (see _emit) and total is not written. Returns (nonzero where a task-vector element or total
-    is not finite, nonzeros of total, nonzero where an output is not finite)."""
+    is not finite, nonzeros of total, nonzero where an output is not finite). Pieces of whole 4096-element
+    blocks on threads (_run_pieces)."""
+    T = _n_pieces(base.shape[0], 4096)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_sum_piece, T, 0, (base, raws, ws, total, div, oraw, sc, res))
+    return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+
+
+@_jit
+def _sum_piece(p, T, phase, base, raws, ws, total, div, oraw, sc, res):
+    """Piece p of T of sum_raw (serial): its (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
+    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _span(oraw, lo, hi)
     weighted = False
     for k in range(len(raws)):
         weighted |= ws[k] != 1.0
@@ -1508,25 +1610,27 @@ def sum_raw(base, raws, ws, total, div, oraw, sc):
     bo = np.uint32(0)
     if div > 0:
         df = np.float32(div)
-        for j in prange(base.shape[0]):
-            s, c = _sum_at(base, raws, ws, j, False)
+        for j in range(hi - lo):
+            s, c = _sum_at(bs, rs, ws, j, False)
             v = s / df
-            bo = max(bo, _store(total, oraw, base, j, v, sc))
+            bo = max(bo, _store(tt, oo, bs, j, v, sc))
             bad = max(bad, _flag(c + _nf(v)))
             nz += v != 0
     elif weighted:
-        for j in prange(base.shape[0]):
-            s, c = _sum_at(base, raws, ws, j, True)
-            bo = max(bo, _store(total, oraw, base, j, s, sc))
+        for j in range(hi - lo):
+            s, c = _sum_at(bs, rs, ws, j, True)
+            bo = max(bo, _store(tt, oo, bs, j, s, sc))
             bad = max(bad, _flag(c + _nf(s)))
             nz += s != 0
     else:
-        for j in prange(base.shape[0]):
-            s, c = _sum_at(base, raws, ws, j, False)
-            bo = max(bo, _store(total, oraw, base, j, s, sc))
+        for j in range(hi - lo):
+            s, c = _sum_at(bs, rs, ws, j, False)
+            bo = max(bo, _store(tt, oo, bs, j, s, sc))
             bad = max(bad, _flag(c + _nf(s)))
             nz += s != 0
-    return bad, nz, bo
+    res[p, 0] = bad
+    res[p, 1] = nz
+    res[p, 2] = bo
 
 
 @_jit
@@ -1546,26 +1650,38 @@ def _consensus_at(base, raws, j):
     return s, lo, hi, c
 
 
-@_pjit
 def consensus_raw(base, raws, total, oraw, sc):
     """NegMerge over every model's chunk at once: the sum, min and max of tau_k = raws[k] - base in model order
     (as tau_sign_stats) and the sign-consensual mean (as sign_consensus_finish) into total, or the output chunk
     into oraw where it is not None (see _emit). Returns (nonzero where a task-vector element or sum is not
-    finite, kept count, nonzero where an output is not finite)."""
+    finite, kept count, nonzero where an output is not finite). Pieces on threads as sum_raw."""
+    T = _n_pieces(base.shape[0], 4096)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_consensus_piece, T, 0, (base, raws, total, oraw, sc, res))
+    return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+
+
+@_jit
+def _consensus_piece(p, T, phase, base, raws, total, oraw, sc, res):
+    """Piece p of T of consensus_raw (serial): its (non-finite flag, kept, non-finite output flag) into res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
+    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _span(oraw, lo, hi)
     nf = np.float32(len(raws))
     zero = np.float32(0.0)
     bad = np.uint32(0)
     kept = 0
     bo = np.uint32(0)
-    for j in prange(base.shape[0]):
-        s, lo, hi, c = _consensus_at(base, raws, j)
-        keep = (lo > 0) | (hi < 0)
+    for j in range(hi - lo):
+        s, mn, mx, c = _consensus_at(bs, rs, j)
+        keep = (mn > 0) | (mx < 0)
         v = s / nf
         v = v if keep else zero
         bad = max(bad, _flag(c + _nf(s)))
         kept += keep
-        bo = max(bo, _store(total, oraw, base, j, v, sc))
-    return bad, kept, bo
+        bo = max(bo, _store(tt, oo, bs, j, v, sc))
+    res[p, 0] = bad
+    res[p, 1] = kept
+    res[p, 2] = bo
 
 
 @_jit
@@ -1582,20 +1698,33 @@ def _magmax_at(base, raws, j):
     return m, c
 
 
-@_pjit
 def magmax_raw(base, raws, best, oraw, sc):
     """MagMax over every model's chunk at once (as magmax_add model after model: the first model wins ties) into
     best, or the output chunk into oraw where it is not None (see _emit). Returns (nonzero where a task-vector
-    element is not finite, nonzeros of best, nonzero where an output is not finite)."""
+    element is not finite, nonzeros of best, nonzero where an output is not finite). Pieces on threads as
+    sum_raw."""
+    T = _n_pieces(base.shape[0], 4096)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_magmax_piece, T, 0, (base, raws, best, oraw, sc, res))
+    return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+
+
+@_jit
+def _magmax_piece(p, T, phase, base, raws, best, oraw, sc, res):
+    """Piece p of T of magmax_raw (serial): its (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
+    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), best[lo:hi], _span(oraw, lo, hi)
     bad = np.uint32(0)
     nz = 0
     bo = np.uint32(0)
-    for j in prange(base.shape[0]):
-        m, c = _magmax_at(base, raws, j)
+    for j in range(hi - lo):
+        m, c = _magmax_at(bs, rs, j)
         bad = max(bad, _flag(c))
         nz += m != 0
-        bo = max(bo, _store(best, oraw, base, j, m, sc))
-    return bad, nz, bo
+        bo = max(bo, _store(tt, oo, bs, j, m, sc))
+    res[p, 0] = bad
+    res[p, 1] = nz
+    res[p, 2] = bo
 
 
 @_pjit
@@ -2158,49 +2287,68 @@ def _weighted(ws, K):
     return w
 
 
-@_pjit
+@_jit
+def _models_piece(p, T, phase, base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, weighted, consensus,
+                  normalize, out, oraw, sc, emit, band, before, before2, seen, seen2, h4, res):
+    """Piece p of T of _merge_models (serial: run by :func:`_run_pieces`). Phase 0: the ties before it, into
+    before[p + 1] and before2[p + 1]; phase 1: _merge_piece from its ties before (seen[p] = before[p]), its
+    (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
+    K = len(raws)
+    lo, hi = _piece(base.shape[0], p, T, 4096)
+    if phase == 0:
+        a, b = _ties_before(base, raws, lo, hi, modes, thrs, alls, band)
+        for k in range(K):
+            before[p + 1, k] = a[k]
+            before2[p + 1, k] = b[k]
+        return
+    for k in range(K):
+        seen[p, k] = before[p, k]
+        seen2[p, k] = before2[p, k]
+    b, z, bo = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
+                            consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc, emit, band, seen2[p])
+    res[p, 0] = b
+    res[p, 1] = z
+    res[p, 2] = bo
+
+
+def _quota_runs_out(modes, alls, lefts, n):
+    """_quota_ends with nothing seen yet over n elements, in numpy: whether a model's quota of ties can run out
+    inside a chunk of n elements."""
+    return bool(np.any((modes == 2) & ~alls & (0 < lefts) & (lefts < n)))
+
+
 def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc,
                   emit, band):
     """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
-    compiled once for both: the pieces (one per thread) run _merge_piece; for a top-k merge whose quota splits
-    the ties at a threshold, each piece first learns the ties before it. Returns (non-finite flag, nonzeros of
-    the result, ties at each model's threshold, kept pairs (counts[a][b], a <= b: both models a and b kept),
-    non-finite output flag (`emit`: the output chunk written to oraw as it goes, see _emit), ties at each
-    model's second threshold (`band`, Breadcrumbs: see _merge_piece; zeros without)))."""
+    compiled once for both: the pieces run _merge_piece on the calling thread and the pool's (see _run_pieces);
+    for a top-k merge whose quota splits the ties at a threshold, each piece first learns the ties before it.
+    Returns (non-finite flag, nonzeros of the result, ties at each model's threshold, kept pairs (counts[a][b],
+    a <= b: both models a and b kept), non-finite output flag (`emit`: the output chunk written to oraw as it
+    goes, see _emit), ties at each model's second threshold (`band`, Breadcrumbs: see _merge_piece; zeros
+    without)))."""
     K = len(raws)
     n = base.shape[0]
     T = _n_pieces(n, 4096)
-    # a quota of ties that can run out inside this chunk: each piece counts the ties before it
     before = np.zeros((T + 1, K), np.int64)
     before2 = np.zeros((T + 1, K), np.int64)
-    need = (not dare) and (_quota_ends(modes, alls, lefts, before[0], n) or _band_ends(band, before2[0], n))
-    if need and T > 1:
-        for p in prange(T):
-            lo, hi = _piece(n, p, T, 4096)
-            before[p + 1], before2[p + 1] = _ties_before(base, raws, lo, hi, modes, thrs, alls, band)
-        for p in range(T):
-            before[p + 1] += before[p]
-            before2[p + 1] += before2[p]
-    weighted = _weighted(ws, K)
-    bads, nzs, bos, h4 = _piece_rows(T)
     seen = np.zeros((T, K), np.int64)
     seen2 = np.zeros((T, K), np.int64)
-    for p in prange(T):
-        lo, hi = _piece(n, p, T, 4096)
-        seen[p] = before[p]
-        seen2[p] = before2[p]
-        b, z, bo = _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen[p], masks, ds, ws, weighted,
-                                consensus, normalize, out, h4[4 * p:4 * p + 4], oraw, sc, emit, band, seen2[p])
-        bads[p] = b
-        nzs[p] = z
-        bos[p] = bo
-    ties = np.zeros(K, np.int64)
-    ties2 = np.zeros(K, np.int64)
-    for p in range(T):
-        for k in range(K):
-            ties[k] += seen[p, k] - before[p, k]
-            ties2[k] += seen2[p, k] - before2[p, k]
-    return bads.sum(), nzs.sum(), ties, _pairs_of(h4, K), bos.sum(), ties2
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
+    weighted = _weighted(ws, K)
+    args = (base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, weighted, consensus, normalize, out, oraw,
+            sc, emit, band, before, before2, seen, seen2, h4, res)
+    # a quota of ties that can run out inside this chunk: each piece counts the ties before it
+    need = not dare and (_quota_runs_out(modes, alls, lefts, n)
+                         or (band is not None and _quota_runs_out(band[0], band[2], band[3], n)))
+    if need and T > 1:
+        _run_pieces(_models_piece, T, 0, args)
+        np.cumsum(before, axis=0, out=before)
+        np.cumsum(before2, axis=0, out=before2)
+    _run_pieces(_models_piece, T, 1, args)
+    ties = (seen - before[:T]).sum(axis=0)
+    ties2 = (seen2 - before2[:T]).sum(axis=0)
+    return res[:, 0].sum(), res[:, 1].sum(), ties, _pairs_of(h4, K), res[:, 2].sum(), ties2
 
 
 def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normalize, out, oraw, sc, emit, band=None):
@@ -2335,44 +2483,42 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     return bad, nz, bo, m
 
 
-@_pjit
 def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws, consensus, normalize, out, oraw, sc,
                         emit, pos, pat, vals):
-    """The provisional pass (see above): the pieces (one per thread) each store their entries in their share of
+    """The provisional pass (see above): the pieces (on threads: _run_pieces) each store their entries in their share of
     pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES), los2/wds2 its window,
     his2 its end. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
     entries, their ends (-1: a piece's share overflowed), non-finite output flag, each model's elements above
     its top's window)."""
     K = len(raws)
-    n = base.shape[0]
-    T = _n_pieces(n, 4096)
+    T = _n_pieces(base.shape[0], 4096)
     cap = pos.shape[0]
-    tf = np.ones(K, np.bool_)
-    dv = np.ones(K, np.float32)
-    wv = np.ones(K, np.float32)
-    if _weighted(ws, K):
-        for k in range(K):
-            wv[k] = np.float32(ws[k])
-    bads, nzs, bos, h4 = _piece_rows(T)
-    starts = np.zeros(T, np.int64)
-    ends = np.zeros(T, np.int64)
+    wv = np.asarray(ws[:K], np.float32) if _weighted(ws, K) else np.ones(K, np.float32)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 4), np.int64)
     ab = np.zeros((T, K), np.int64)
-    for p in prange(T):
-        lo, hi = _piece(n, p, T, 4096)
-        starts[p] = cap * p // T
-        b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out,
-                                      h4[4 * p:4 * p + 4], oraw, sc, emit, los, wds, los2, wds2, his2, ab[p], tv2,
-                                      tf2, pos, pat, vals, starts[p],
-                                      cap * (p + 1) // T)
-        bads[p] = b
-        nzs[p] = z
-        bos[p] = bo
-        ends[p] = m
-    hist = np.zeros(256, np.int64)
-    _add_parts(hist, h4)
-    above2 = np.zeros(K, np.int64)
-    _add_parts(above2, ab)
-    return bads.sum(), nzs.sum(), hist, starts, ends, bos.sum(), above2
+    starts = np.array([cap * p // T for p in range(T)], np.int64)
+    _run_pieces(_deferred_piece_of, T, 0, (base, raws, tv, np.ones(K, np.bool_), np.ones(K, np.float32), wv,
+                                           consensus, normalize, out, h4, oraw, sc, emit, los, wds, los2, wds2, his2,
+                                           ab, tv2, tf2, pos, pat, vals, cap, res))
+    return (res[:, 0].sum(), res[:, 1].sum(), h4.sum(axis=0), starts, res[:, 3].copy(), res[:, 2].sum(),
+            ab.sum(axis=0))
+
+
+@_jit
+def _deferred_piece_of(p, T, phase, base, raws, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los,
+                       wds, los2, wds2, his2, ab, tv2, tf2, pos, pat, vals, cap, res):
+    """Piece p of T of topk_merge_deferred (serial, run by _run_pieces): _deferred_piece over its elements into its
+    share of the entries, its (non-finite flag, nonzeros, non-finite output flag, end of its entries) into
+    res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, 4096)
+    b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4[4 * p:4 * p + 4],
+                                  oraw, sc, emit, los, wds, los2, wds2, his2, ab[p], tv2, tf2, pos, pat, vals,
+                                  cap * p // T, cap * (p + 1) // T)
+    res[p, 0] = b
+    res[p, 1] = z
+    res[p, 2] = bo
+    res[p, 3] = m
 
 
 @_pjit
@@ -2435,7 +2581,6 @@ def _walk(h, need, up, lo, j, thr, gt, eq, found):
         c += h[d]
 
 
-@_pjit
 def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, alls2, lefts2, ws, consensus, normalize,
                  out, oraw, sc, emit):
     """The stored positions merged again with the exact thresholds (thr: float32 per model; a tie kept where
@@ -2443,57 +2588,58 @@ def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, all
     otherwise), block by block of entries: each block's provisional merge (|tau| bits >= his[k] kept, and below
     tops[k]) and its exact one, both through _combine_block, the difference of their kept bits and nonzeros taken
     into the counts, and out[pos] (or the output element, `emit`) rewritten where a model's choice may have
-    changed (elsewhere the pass's result stands). The pieces in parallel, each told the ties before it. Returns
+    changed (elsewhere the pass's result stands). The pieces on threads (_run_pieces), each told the ties before it. Returns
     (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change (256), non-finite
     output flag)."""
     K = his.shape[0]
     T = starts.shape[0]
-    weighted = _weighted(ws, K)
     tv = thr.astype(np.float32)
-    if thr2 is None:
-        tv2 = tv
-        al2 = alls
-    else:
-        tv2 = thr2.astype(np.float32)
-        al2 = alls2
+    tv2, al2 = (tv, alls) if thr2 is None else (thr2.astype(np.float32), alls2)
     before = np.zeros((T + 1, K), np.int64)
     before2 = np.zeros((T + 1, K), np.int64)
-    for p in prange(T):
+    minus = np.zeros((4 * T, 256), np.int64)
+    plus = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
+    args = (vals, pos, starts, ends, his, tops, tv, alls, lefts, thr2, tv2, al2, lefts2, ws, _weighted(ws, K),
+            consensus, normalize, out, oraw, sc, emit, before, before2, minus, plus, res)
+    _run_pieces(_fix_piece, T, 0, args)
+    np.cumsum(before, axis=0, out=before)
+    np.cumsum(before2, axis=0, out=before2)
+    _run_pieces(_fix_piece, T, 1, args)
+    change = (plus - minus).sum(axis=0)
+    return res[:, 0].sum(), res[:, 1].sum(), change, res[:, 2].sum()
+
+
+@_jit
+def _fix_piece(p, T, phase, vals, pos, starts, ends, his, tops, tv, alls, lefts, thr2, tv2, al2, lefts2, ws, weighted,
+               consensus, normalize, out, oraw, sc, emit, before, before2, minus, plus, res):
+    """Piece p of T of deferred_fix (serial, run by _run_pieces). Phase 0: its ties into before[p + 1] (and
+    before2[p + 1]); phase 1: its blocks merged again from the ties before it, its (non-finite flag, nonzeros
+    gained, non-finite output flag) into res[p]."""
+    K = his.shape[0]
+    if phase == 0:
         _entry_ties(vals, starts[p], ends[p], tv, alls, before[p + 1])
         if thr2 is not None:
             _entry_ties(vals, starts[p], ends[p], tv2, al2, before2[p + 1])
-    for p in range(T):
-        before[p + 1] += before[p]
-        before2[p + 1] += before2[p]
-    minus = np.zeros((4 * T, 256), np.int64)
-    plus = np.zeros((4 * T, 256), np.int64)
-    bads = np.zeros(T, np.int64)
-    dnz = np.zeros(T, np.int64)
-    bos = np.zeros(T, np.int64)
-    for p in prange(T):
-        seen = before[p].copy()
-        seen2 = before2[p].copy()
-        tb = np.empty((K, _BLOCK), np.float32)
-        tb2 = np.empty((K, _BLOCK), np.float32)
-        ch = np.empty(_BLOCK, np.uint8)
-        o = np.empty(_BLOCK, np.float32)
-        scr = np.empty((3, _BLOCK), np.float32)
-        pt = np.empty(_BLOCK, np.uint8)
-        for s in range(starts[p], ends[p], _BLOCK):
-            L = min(ends[p], s + _BLOCK) - s
-            _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
-            if thr2 is not None:
-                _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2, ch)
-            _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
-            b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
-            bads[p] += b2
-            dnz[p] += z2 - z1
-            bos[p] = max(bos[p], _entry_store(vals[0, s:s + L], pos[s:s + L], o, ch, out, oraw, sc, emit))
-    change = np.zeros(256, np.int64)
-    for r in range(4 * T):
-        for v in range(256):
-            change[v] += plus[r, v] - minus[r, v]
-    return bads.sum(), dnz.sum(), change, bos.sum()
+        return
+    seen = before[p].copy()
+    seen2 = before2[p].copy()
+    tb = np.empty((K, _BLOCK), np.float32)
+    tb2 = np.empty((K, _BLOCK), np.float32)
+    ch = np.empty(_BLOCK, np.uint8)
+    o = np.empty(_BLOCK, np.float32)
+    scr = np.empty((3, _BLOCK), np.float32)
+    pt = np.empty(_BLOCK, np.uint8)
+    for s in range(starts[p], ends[p], _BLOCK):
+        L = min(ends[p], s + _BLOCK) - s
+        _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
+        if thr2 is not None:
+            _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2, ch)
+        _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
+        b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
+        res[p, 0] += b2
+        res[p, 1] += z2 - z1
+        res[p, 2] = max(res[p, 2], _entry_store(vals[0, s:s + L], pos[s:s + L], o, ch, out, oraw, sc, emit))
 
 
 @_jit
@@ -2641,36 +2787,38 @@ def dare_merge_raw(base, raws, masks, ds, ws, consensus, normalize, out, oraw, s
 # --------------------------------------------------------------------------------------------- n:m methods in one pass
 
 
-@_pjit
 def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, oraw, sc, emit):
     """CABS (use_taken: each model keeps its n:m among the slots no earlier model kept) or BS alone over every
     model's chunk at once: tau_k = float32(raws[k]) - base, model k's balanced ns[k]:ms[k] pruning as nm_prune,
     then out = sum_k tau_k * ws[k] over the models of nonzero weight, in model order (a zero-weight model takes
     its slots and adds nothing; at least one weight must be nonzero). Bitwise as nm_prune and accumulate model
     after model: the blocks are local, so a span of whole blocks (a multiple of `align`, the lcm of the ms) is
-    pruned, summed and written (`emit`, see _emit) while it is in cache. Pieces of whole spans, one per thread.
+    pruned, summed and written (`emit`, see _emit) while it is in cache. Pieces of whole spans (_run_pieces).
     Returns (non-finite flag (nonzero: a task-vector element or sum is not finite), nonzeros of out, short
     blocks per model, kept pairs (counts[a][b], a <= b), non-finite output flag). `raws` holds MAX_ONE_PASS
     arrays, the first K the models' (the rest unused): one compiled loop for every model count (each count took
     13-25 s to compile, the networks' code optimised again in each)."""
-    n = base.shape[0]
-    T = _n_pieces(n, align)
+    T = _n_pieces(base.shape[0], align)
     sb = max(align, _BLOCK // align * align)  # a span: whole blocks of every model
-    weighted = _weighted(ws, K)
-    bads, nzs, bos, h4 = _piece_rows(T)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
     shorts = np.zeros((T, K), np.int64)
-    for p in prange(T):
-        lo, hi = _piece(n, p, T, align)
-        b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw,
-                                   sc, emit, shorts[p], h4[4 * p:4 * p + 4])
-        bads[p] = b
-        nzs[p] = z
-        bos[p] = bo
-    short = np.zeros(K, np.int64)
-    for p in range(T):
-        for k in range(K):
-            short[k] += shorts[p, k]
-    return bads.sum(), nzs.sum(), short, _pairs_of(h4, K), bos.sum()
+    _run_pieces(_nm_piece, T, 0, (base, raws, K, align, sb, ns, ms, use_taken, pad_tail, ws, _weighted(ws, K), out,
+                                  oraw, sc, emit, shorts, h4, res))
+    return res[:, 0].sum(), res[:, 1].sum(), shorts.sum(axis=0), _pairs_of(h4, K), res[:, 2].sum()
+
+
+@_jit
+def _nm_piece(p, T, phase, base, raws, K, align, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit,
+              shorts, h4, res):
+    """Piece p of T of nm_merge_raw (serial, run by _run_pieces): its (non-finite flag, nonzeros, non-finite
+    output flag) into res[p], its short blocks into shorts[p]."""
+    lo, hi = _piece(base.shape[0], p, T, align)
+    b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc,
+                               emit, shorts[p], h4[4 * p:4 * p + 4])
+    res[p, 0] = b
+    res[p, 1] = z
+    res[p, 2] = bo
 
 
 @_jit
@@ -2726,41 +2874,42 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
 # --------------------------------------------------------------------------------------------- CA-magnitude in one pass
 
 
-@_pjit
 def ca_merge_raw(base, raws, tv, ws, out, oraw, sc, emit):
     """CA-magnitude over every model's chunk at once: in the models' order, model k keeps tau_k =
     float32(raws[k]) - base where |tau_k| > tv[k] and no earlier model kept the slot (tv[k] = inf: nothing);
     out = sum_k kept_k * ws[k] in model order (every weight nonzero). Bitwise as threshold_prune and accumulate
     model after model (one element's models in registers: the slots taken need no row). Per block of _BLOCK,
-    pieces of whole blocks, one per thread; with `emit` each block's output written while it is in cache (see
+    pieces of whole blocks (_run_pieces); with `emit` each block's output written while it is in cache (see
     _emit). Returns (non-finite flag, nonzeros of out, kept pairs as topk_merge_raw's, non-finite output flag)."""
     K = len(raws)
-    n = base.shape[0]
-    T = _n_pieces(n, _BLOCK)
-    bads, nzs, bos, h4 = _piece_rows(T)
-    tf = np.empty(K, np.float32)
-    wf = np.empty(K, np.float32)
-    for k in range(K):
-        tf[k] = np.float32(tv[k])
-        wf[k] = np.float32(ws[k])
-    for p in prange(T):
-        lo, hi = _piece(n, p, T, _BLOCK)
-        pat = np.empty(_BLOCK, np.uint8)
-        bad = np.uint32(0)
-        nz = 0
-        bo = 0
-        for s in range(lo, hi, _BLOCK):
-            e = min(hi, s + _BLOCK)
-            b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, out[s:e], pat[:e - s])
-            _count_bytes(pat[:e - s], h4[4 * p:4 * p + 4])
-            bad = max(bad, b)
-            nz += z
-            if emit:
-                bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
-        bads[p] = bad
-        nzs[p] = nz
-        bos[p] = bo
-    return bads.sum(), nzs.sum(), _pairs_of(h4, K), bos.sum()
+    T = _n_pieces(base.shape[0], _BLOCK)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_ca_piece, T, 0, (base, raws, np.asarray(tv, np.float32), np.asarray(ws, np.float32), out, oraw, sc,
+                                  emit, h4, res))
+    return res[:, 0].sum(), res[:, 1].sum(), _pairs_of(h4, K), res[:, 2].sum()
+
+
+@_jit
+def _ca_piece(p, T, phase, base, raws, tf, wf, out, oraw, sc, emit, h4, res):
+    """Piece p of T of ca_merge_raw (serial, run by _run_pieces): its (non-finite flag, nonzeros, non-finite output
+    flag) into res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, _BLOCK)
+    pat = np.empty(_BLOCK, np.uint8)
+    bad = np.uint32(0)
+    nz = 0
+    bo = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, out[s:e], pat[:e - s])
+        _count_bytes(pat[:e - s], h4[4 * p:4 * p + 4])
+        bad = max(bad, b)
+        nz += z
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
+    res[p, 0] = bad
+    res[p, 1] = nz
+    res[p, 2] = bo
 
 
 def _ca_span(bs, rs, tv, ws, o, pt):
