@@ -45,7 +45,7 @@ def _pjit(fn):
 
 
 def _run_pieces(fn, T, phase, args):
-    """fn(p, T, phase, *args) for every piece p of T, spread over numba's thread count (:func:`numba_threads`
+    """fn(p, T, phase, *args) for every piece p of T, spread over numba's thread count (`core.device.numba_threads`
     sizes it): the calling thread and a pool's threads each take the next piece until none is left (fn is a
     serial loop compiled with nogil, so they run at once). Instead of `prange`, for the one-pass drivers: a
     parallel loop's compile optimises its body's code again (_merge_models: 18.9-20.4 s per model count and
