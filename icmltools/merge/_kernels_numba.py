@@ -1345,7 +1345,7 @@ _BLOCK = 2048
 
 
 def _part_of(taken, lo, hi):
-    """taken[lo:hi], or None when taken is None (chosen when compiled)."""
+    """taken[lo:hi], or None when taken is None (chosen when compiled; an optional output chunk too)."""
 
 
 @overload(_part_of)
@@ -1545,17 +1545,6 @@ def _store_impl(total, oraw, base, j, v, sc):
     return lambda total, oraw, base, j, v, sc: _emit(oraw, base, j, v, sc)
 
 
-def _span(a, lo, hi):
-    """a[lo:hi], or None for None (an optional output chunk, chosen when compiled)."""
-
-
-@overload(_span)
-def _span_impl(a, lo, hi):
-    if isinstance(a, types.NoneType):
-        return lambda a, lo, hi: None
-    return lambda a, lo, hi: a[lo:hi]
-
-
 @_jit
 def _emit_span(oraw, base, merged, sc):
     """_emit over a span (slices: indexed from 0, so the loop vectorises); 1 when an output is not finite, else 0
@@ -1591,17 +1580,31 @@ def sum_raw(base, raws, ws, total, div, oraw, sc):
     straight to it (see _emit) and total is not written. Returns (nonzero where a task-vector element or total
     is not finite, nonzeros of total, nonzero where an output is not finite). Pieces of whole 4096-element
     blocks on threads (_run_pieces)."""
+    return _element_pieces(_sum_piece, base, raws, ws, total, div, oraw, sc)
+
+
+def _element_pieces(piece, base, *args):
+    """An element-wise one-pass loop (sum_raw, consensus_raw, magmax_raw) in pieces of whole 4096-element blocks
+    (_run_pieces), piece(p, T, phase, base, *args, res) putting its (non-finite flag, count, non-finite output
+    flag) in res[p]: (their maximum, sum, maximum)."""
     T = _n_pieces(base.shape[0], 4096)
     res = np.zeros((T, 3), np.int64)
-    _run_pieces(_sum_piece, T, 0, (base, raws, ws, total, div, oraw, sc, res))
+    _run_pieces(piece, T, 0, (base, *args, res))
     return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+
+
+@_jit
+def _element_spans(p, T, base, raws, total, oraw):
+    """Piece p of T of an element-wise loop as spans indexed from 0 (so its loop vectorises): the base's, the
+    models' (a tuple), the result's and the output chunk's (None without one)."""
+    lo, hi = _piece(base.shape[0], p, T, 4096)
+    return base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _part_of(oraw, lo, hi)
 
 
 @_jit
 def _sum_piece(p, T, phase, base, raws, ws, total, div, oraw, sc, res):
     """Piece p of T of sum_raw (serial): its (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
-    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
-    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _span(oraw, lo, hi)
+    bs, rs, tt, oo = _element_spans(p, T, base, raws, total, oraw)
     weighted = False
     for k in range(len(raws)):
         weighted |= ws[k] != 1.0
@@ -1610,20 +1613,20 @@ def _sum_piece(p, T, phase, base, raws, ws, total, div, oraw, sc, res):
     bo = np.uint32(0)
     if div > 0:
         df = np.float32(div)
-        for j in range(hi - lo):
+        for j in range(bs.shape[0]):
             s, c = _sum_at(bs, rs, ws, j, False)
             v = s / df
             bo = max(bo, _store(tt, oo, bs, j, v, sc))
             bad = max(bad, _flag(c + _nf(v)))
             nz += v != 0
     elif weighted:
-        for j in range(hi - lo):
+        for j in range(bs.shape[0]):
             s, c = _sum_at(bs, rs, ws, j, True)
             bo = max(bo, _store(tt, oo, bs, j, s, sc))
             bad = max(bad, _flag(c + _nf(s)))
             nz += s != 0
     else:
-        for j in range(hi - lo):
+        for j in range(bs.shape[0]):
             s, c = _sum_at(bs, rs, ws, j, False)
             bo = max(bo, _store(tt, oo, bs, j, s, sc))
             bad = max(bad, _flag(c + _nf(s)))
@@ -1655,23 +1658,19 @@ def consensus_raw(base, raws, total, oraw, sc):
     (as tau_sign_stats) and the sign-consensual mean (as sign_consensus_finish) into total, or the output chunk
     into oraw where it is not None (see _emit). Returns (nonzero where a task-vector element or sum is not
     finite, kept count, nonzero where an output is not finite). Pieces on threads as sum_raw."""
-    T = _n_pieces(base.shape[0], 4096)
-    res = np.zeros((T, 3), np.int64)
-    _run_pieces(_consensus_piece, T, 0, (base, raws, total, oraw, sc, res))
-    return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+    return _element_pieces(_consensus_piece, base, raws, total, oraw, sc)
 
 
 @_jit
 def _consensus_piece(p, T, phase, base, raws, total, oraw, sc, res):
     """Piece p of T of consensus_raw (serial): its (non-finite flag, kept, non-finite output flag) into res[p]."""
-    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
-    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _span(oraw, lo, hi)
+    bs, rs, tt, oo = _element_spans(p, T, base, raws, total, oraw)
     nf = np.float32(len(raws))
     zero = np.float32(0.0)
     bad = np.uint32(0)
     kept = 0
     bo = np.uint32(0)
-    for j in range(hi - lo):
+    for j in range(bs.shape[0]):
         s, mn, mx, c = _consensus_at(bs, rs, j)
         keep = (mn > 0) | (mx < 0)
         v = s / nf
@@ -1703,21 +1702,17 @@ def magmax_raw(base, raws, best, oraw, sc):
     best, or the output chunk into oraw where it is not None (see _emit). Returns (nonzero where a task-vector
     element is not finite, nonzeros of best, nonzero where an output is not finite). Pieces on threads as
     sum_raw."""
-    T = _n_pieces(base.shape[0], 4096)
-    res = np.zeros((T, 3), np.int64)
-    _run_pieces(_magmax_piece, T, 0, (base, raws, best, oraw, sc, res))
-    return res[:, 0].max(), res[:, 1].sum(), res[:, 2].max()
+    return _element_pieces(_magmax_piece, base, raws, best, oraw, sc)
 
 
 @_jit
 def _magmax_piece(p, T, phase, base, raws, best, oraw, sc, res):
     """Piece p of T of magmax_raw (serial): its (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
-    lo, hi = _piece(base.shape[0], p, T, 4096)  # spans indexed from 0: the loop vectorises
-    bs, rs, tt, oo = base[lo:hi], _slices(raws, lo, hi), best[lo:hi], _span(oraw, lo, hi)
+    bs, rs, tt, oo = _element_spans(p, T, base, raws, best, oraw)
     bad = np.uint32(0)
     nz = 0
     bo = np.uint32(0)
-    for j in range(hi - lo):
+    for j in range(bs.shape[0]):
         m, c = _magmax_at(bs, rs, j)
         bad = max(bad, _flag(c))
         nz += m != 0
