@@ -597,7 +597,8 @@ def test_config_rescale_as_mergekit(layered, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").symlink_to(d)
     for method, flag, want in (("dare_linear", "false", False), ("dare_ties", "false", False),
-                               ("dare_ties", "true", True), ("ties", "false", None), ("breadcrumbs_ties", "false", None)):
+                               ("dare_ties", "true", True), ("ties", "false", None),
+                               ("breadcrumbs_ties", "false", None)):
         (tmp_path / "c.yml").write_text(yml.replace("METHOD", method).replace("FLAG", flag))
         assert api.prepare_config("c.yml").plan.options.get("rescale") is want, (method, flag)
     (tmp_path / "c.yml").write_text(yml.replace("METHOD", "dare_linear").replace("parameters: {rescale: FLAG}\n", ""))

@@ -2259,13 +2259,6 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
 
 
 @_jit
-def _piece_rows(T):
-    """A one-pass driver's results per piece: (non-finite flags, nonzeros, non-finite output flags, four byte
-    histograms of the kept-model bits each)."""
-    return np.zeros(T, np.int64), np.zeros(T, np.int64), np.zeros(T, np.int64), np.zeros((4 * T, 256), np.int64)
-
-
-@_jit
 def _pairs_of(h4, K):
     """The kept pairs of K models (counts[a][b], a <= b) from the pieces' byte histograms."""
     hist = np.zeros(256, np.int64)
@@ -2306,12 +2299,6 @@ def _models_piece(p, T, phase, base, raws, dare, modes, thrs, alls, lefts, masks
     res[p, 2] = bo
 
 
-def _quota_runs_out(modes, alls, lefts, n):
-    """_quota_ends with nothing seen yet over n elements, in numpy: whether a model's quota of ties can run out
-    inside a chunk of n elements."""
-    return bool(np.any((modes == 2) & ~alls & (0 < lefts) & (lefts < n)))
-
-
 def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, consensus, normalize, out, oraw, sc,
                   emit, band):
     """topk_merge_raw (dare False) and dare_merge_raw (dare True) in one loop, so each model count and dtype is
@@ -2334,8 +2321,8 @@ def _merge_models(base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, con
     args = (base, raws, dare, modes, thrs, alls, lefts, masks, ds, ws, weighted, consensus, normalize, out, oraw,
             sc, emit, band, before, before2, seen, seen2, h4, res)
     # a quota of ties that can run out inside this chunk: each piece counts the ties before it
-    need = not dare and (_quota_runs_out(modes, alls, lefts, n)
-                         or (band is not None and _quota_runs_out(band[0], band[2], band[3], n)))
+    need = not dare and (_quota_ends(modes, alls, lefts, before[0], n)
+                         or (band is not None and _quota_ends(band[0], band[2], band[3], before2[0], n)))
     if need and T > 1:
         _run_pieces(_models_piece, T, 0, args)
         np.cumsum(before, axis=0, out=before)
@@ -2583,9 +2570,9 @@ def deferred_fix(vals, pos, starts, ends, his, tops, thr, alls, lefts, thr2, all
     otherwise), block by block of entries: each block's provisional merge (|tau| bits >= his[k] kept, and below
     tops[k]) and its exact one, both through _combine_block, the difference of their kept bits and nonzeros taken
     into the counts, and out[pos] (or the output element, `emit`) rewritten where a model's choice may have
-    changed (elsewhere the pass's result stands). The pieces on threads (_run_pieces), each told the ties before it. Returns
-    (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change (256), non-finite
-    output flag)."""
+    changed (elsewhere the pass's result stands). The pieces on threads (_run_pieces), each told the ties before
+    it. Returns (non-finite flag of the new results, nonzeros gained, the kept-bits histogram's change (256),
+    non-finite output flag)."""
     K = his.shape[0]
     T = starts.shape[0]
     tv = thr.astype(np.float32)
