@@ -1089,11 +1089,11 @@ def test_window_bits_mark_the_models_inside_their_windows():
     los, wds = np.array([lo, lo], np.uint32), np.array([hi - lo, hi - lo], np.uint32)
     none, zero = np.array([0xFFFFFFFF] * 2, np.uint32), np.zeros(2, np.uint32)
     c, q = km._window_bits(base, (a, b), los, wds, zero, zero, none, pp)
-    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3 and q == (0, 0)
+    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3 and [km._unpack(q, k) for k in range(8)] == [0] * 8
     # a second window for a: [hi, hi + 1) (its last value hi); counted from lo on: a 3 (lo, hi - 1, hi), b 4
     c, q = km._window_bits(base, (a, b), los, wds, np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
                            np.array([lo, lo], np.uint32), pp)
-    assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and q == (3 + (4 << 16), 0)
+    assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and [km._unpack(q, k) for k in range(8)] == [3, 4] + [0] * 6
     # the fused loop marking the (first) windows itself (magnitude, TIES): the same bits and count, the merge as
     # without them
     import numba
@@ -1344,7 +1344,7 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
             assert got[1] == want[1] and got[0] != 0  # the inf of the last model flagged (its count: model by model)
             assert np.array_equal(o.view(np.uint32), ref.view(np.uint32)) and np.array_equal(pt, rpt)
             for packed, t in ((got[2], None if dare else tv), (got[3], tv2)):  # the ties, 16 bits a model
-                counts = [(int(packed[i // 4]) >> (16 * (i % 4))) & 0xFFFF for i in range(k)]
+                counts = [km._unpack(packed, i) for i in range(k)]
                 assert counts == ([0] * k if t is None else [int((absx[i] == t[i]).sum()) for i in range(k)])
     fin = tuple(np.where(np.isfinite(r), r, base) for r in raws)
     big = tuple(np.where(np.arange(n) == 3, np.float32(3e38), r) for r in fin)  # finite, but twice it is not
@@ -1355,3 +1355,23 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
         args = (tuple(masks) if dare else None, tv, tf, dv, np.full(k, 2.0, np.float32), consensus, True, o, pt, top,
                 tf2)
         assert fused(base, fin, *args)[0] == 0 and fused(base, big, *args)[0] != 0
+
+
+def test_ties_span_counts_each_of_eight_models_apart():
+    """_ties_span's packed counts (16 bits a model, two models a word), exact for 8 models and up to 65535 ties
+    a model in one span: model k has its |tau| at the threshold in its own count of positions."""
+    km = K._mod()
+    n = 65535
+    rng = np.random.default_rng(3)
+    base = rng.integers(-64, 64, n).astype(np.float32) / 4  # exact: x - base is exactly +-0.5 or 2
+    want = [n, 0, 1, 2047, 40000, 65534, 12345, 3]
+    tv = np.full(8, 0.5, np.float32)
+    rs = []
+    for c in want:
+        x = base + np.float32(2.0)
+        at = rng.permutation(n)[:c]
+        x[at] = base[at] + np.where(rng.random(c) < 0.5, np.float32(0.5), np.float32(-0.5))
+        assert (np.abs(x - base) == 0.5).sum() == c
+        rs.append(x)
+    got = km._ties_span(base, tuple(rs), tv)
+    assert [km._unpack(got, k) for k in range(8)] == want
