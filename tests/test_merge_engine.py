@@ -1375,3 +1375,15 @@ def test_ties_span_counts_each_of_eight_models_apart():
         rs.append(x)
     got = km._ties_span(base, tuple(rs), tv)
     assert [km._unpack(got, k) for k in range(8)] == want
+
+
+def test_pieces_stay_below_2_30_elements_so_their_counts_fit_32_bits():
+    """_n_pieces / _piece: up to 8 pieces (none below 2^18 elements) that cover [0, n) in order, at block
+    boundaries, more only where a piece would pass 2^30 elements (the loops count a piece in 32 bits)."""
+    km = K._mod()
+    for n in (1, 4095, 1 << 18, (1 << 21) + 5, 1 << 30, (1 << 33) - 1, 1 << 33, (1 << 33) + 12345, 1 << 36):
+        T = km._n_pieces(n, 4096)
+        assert T == max(1, min(8, n >> 18), -(-n >> 30))
+        ends = [km._piece(n, t, T, 4096) for t in range(T)]
+        assert ends[0][0] == 0 and ends[-1][1] == n and all(a[1] == b[0] for a, b in zip(ends, ends[1:]))
+        assert all(lo % 4096 == 0 and hi - lo < 1 << 31 and (hi - lo <= (1 << 30) + 4096) for lo, hi in ends)

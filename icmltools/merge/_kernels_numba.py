@@ -1740,11 +1740,11 @@ def apply_raw(base, merged, sc, out):
 @_jit
 def _tau_block(rs, bs, x):
     """x = float32(rs) - float32(bs) over one block; its non-finite count."""
-    bad = 0
+    bad = np.int32(0)
     for j in range(x.shape[0]):
         v = as_f32(rs, j) - as_f32(bs, j)
         x[j] = v
-        bad += _bad(v)
+        bad = _inc(bad, _bad(v))
     return bad
 
 
