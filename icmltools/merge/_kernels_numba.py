@@ -1775,20 +1775,12 @@ def _ties_span(bs, rs, tv):
     is read once and the loop vectorises (0.17 ns per model and element, one thread, 4 bf16 models of 2^25
     elements; a model at a time over a float32 scratch block: 0.87-0.93)."""
     K = len(rs)
-    w0 = w1 = w2 = w3 = np.uint32(0)
+    ws = _NO_COUNTS
     for j in range(bs.shape[0]):
         b = as_f32(bs, j)
         for k in range(K):
-            eq = abs(as_f32(rs[k], j) - b) == tv[k]
-            if k < 2:
-                w0 = _add16(w0, eq, k)
-            elif k < 4:
-                w1 = _add16(w1, eq, k)
-            elif k < 6:
-                w2 = _add16(w2, eq, k)
-            else:
-                w3 = _add16(w3, eq, k)
-    return w0, w1, w2, w3
+            ws = _count16(ws, abs(as_f32(rs[k], j) - b) == tv[k], k)
+    return ws
 
 
 @_jit
@@ -1809,6 +1801,24 @@ def _inc(c, flag):
 def _add16(w, flag, k):
     """Word w of packed 16-bit counts (uint32: two per word) with flag added to count k % 2 (see _inc)."""
     return np.uint32(w + (np.uint32(flag) << np.uint32(16 * (k % 2))))
+
+
+_NO_COUNTS = (np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))  # _ties_span's packed counts, all zero
+
+
+@_jit
+def _count16(ws, flag, k):
+    """The packed counts ws (_unpack's four words) with flag added to model k's."""
+    w0, w1, w2, w3 = ws
+    if k < 2:
+        w0 = _add16(w0, flag, k)
+    elif k < 4:
+        w1 = _add16(w1, flag, k)
+    elif k < 6:
+        w2 = _add16(w2, flag, k)
+    else:
+        w3 = _add16(w3, flag, k)
+    return w0, w1, w2, w3
 
 
 @_jit
@@ -2076,7 +2086,7 @@ def _band_counted(band, bs, rs, tv2, tf2, seen2):
 @overload(_band_counted)
 def _band_counted_impl(band, bs, rs, tv2, tf2, seen2):
     if isinstance(band, types.NoneType):
-        return lambda band, bs, rs, tv2, tf2, seen2: (False, (np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0)))
+        return lambda band, bs, rs, tv2, tf2, seen2: (False, _NO_COUNTS)
 
     def impl(band, bs, rs, tv2, tf2, seen2):
         modes, alls, lefts = band[0], band[2], band[3]
@@ -2380,25 +2390,17 @@ def _window_bits(bs, rs, los, wds, los2, wds2, his2, pp):
     inside it (as _ties_span)."""
     K = len(rs)
     c = np.int32(0)
-    w0 = w1 = w2 = w3 = np.uint32(0)
+    ws = _NO_COUNTS
     for j in range(bs.shape[0]):
         b = as_f32(bs, j)
         p = np.uint32(0)
         for k in range(K):
             u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
             p |= np.uint32(((u - los[k]) < wds[k]) | ((u - los2[k]) < wds2[k])) << np.uint32(k)
-            up = u >= his2[k]
-            if k < 2:
-                w0 = _add16(w0, up, k)
-            elif k < 4:
-                w1 = _add16(w1, up, k)
-            elif k < 6:
-                w2 = _add16(w2, up, k)
-            else:
-                w3 = _add16(w3, up, k)
+            ws = _count16(ws, u >= his2[k], k)
         pp[j] = np.uint8(p)
         c = _inc(c, p != np.uint32(0))
-    return np.int64(c), (w0, w1, w2, w3)
+    return np.int64(c), ws
 
 
 def _folded(tv2, los, wds, pp):
