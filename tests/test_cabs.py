@@ -1040,11 +1040,14 @@ def test_sorting_networks_sort():
     assert len(names) == 6
 
 
+@pytest.mark.parametrize("nms", [[(9, 17), (1, 2), (2, 8), (10, 40)], [(9, 17), (4, 32), (16, 32), (3, 20)]],
+                         ids=["every_path", "only_32_network"])
 @pytest.mark.parametrize("method", ["cabs", "bs"])
-def test_one_pass_equals_model_by_model_and_torch(method, tmp_path):
+def test_one_pass_equals_model_by_model_and_torch(method, nms, tmp_path):
     """CABS/BS's one-pass loop (every model's chunk pruned and summed span by span) gives the bytes, kept counts,
     overlap and short blocks of feeding the models one at a time and of the torch path: per-model n:m (the
-    network, the ranks, the pair loop and the passes), a zero weight, a padded tail, chunks, threaded pieces."""
+    network, the ranks, the pair loop and the passes; or blocks of 17 to 32 slots only, which compile the 32-key
+    network's path alone), a zero weight, a padded tail, chunks, threaded pieces."""
     import numba
 
     from icmltools.cabs import methods as CM
@@ -1059,7 +1062,6 @@ def test_one_pass_equals_model_by_model_and_torch(method, tmp_path):
             "f": torch.randn(3001, generator=g) * 0.05}
     models = [{k: v + (torch.randint(-3, 4, v.shape, generator=g) * 2.0 ** -9).to(v.dtype) for k, v in base.items()}
               for _ in range(4)]
-    nms = [(9, 17), (1, 2), (2, 8), (10, 40)]
 
     def merge(tag, chunk, tail, weights, one_pass=True, torch_only=False):
         inst = CM.for_plan(method, nms)

@@ -683,7 +683,7 @@ def _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
     if m == 8:
         return _nm_rank8(x, lo, hi, n, taken, use_taken, pad_tail, keys)
     if m <= _NM_NET:
-        return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail)
+        return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, None)
     return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys)
 
 
@@ -859,6 +859,33 @@ def _nm_sort(kt, P, r, tt, ab, eq):
         _nm_net32(kt, r, tt, ab, eq)
 
 
+def _nm_sort_of(only32, kt, P, r, tt, ab, eq):
+    """_nm_sort, or the 32-key network alone where `only32` is not None (chosen when compiled)."""
+
+
+@overload(_nm_sort_of)
+def _nm_sort_of_impl(only32, kt, P, r, tt, ab, eq):
+    if isinstance(only32, types.NoneType):
+        return lambda only32, kt, P, r, tt, ab, eq: _nm_sort(kt, P, r, tt, ab, eq)
+    return lambda only32, kt, P, r, tt, ab, eq: _nm_net32(kt, r, tt, ab, eq)
+
+
+def _nm_blocks_of(only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
+    """_nm_blocks (every path for m compiled in: pairs, ranks, four networks, passes, bisection), or, where
+    `only32` is not None (every model's m in 17..32, as the default pattern's 32), the 32-key network's path alone:
+    chosen when compiled, so a merge of that pattern compiles only that path (the CABS loop's first compile, 4
+    float32 models, cold cache: 32.5 -> 18.9 s)."""
+
+
+@overload(_nm_blocks_of)
+def _nm_blocks_of_impl(only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
+    if isinstance(only32, types.NoneType):
+        return (lambda only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys:
+                _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys))
+    return (lambda only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys:
+            _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32))
+
+
 @_jit
 def _nm_columns(x, lo, g, m, taken, use_taken, kt):
     """Column b of kt (row j at kt[j * _NM_G + b]) = the keys of block b of the g blocks of m from lo."""
@@ -875,12 +902,14 @@ def _nm_columns(x, lo, g, m, taken, use_taken, kt):
 
 
 @_jit
-def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
+def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32):
     """nm_prune over the blocks in [lo, hi) for _NM_NET_MIN <= m <= _NM_NET, m not 4 or 8 (lo a multiple of
     m): per group of _NM_G whole blocks, each block's keys go to a column of kt (P = m rounded up to a power of
     two rows, the rows past m holding -2, below every key), one sorting network sorts every column at once, and
     the key at P - k is the k-th largest counted with multiplicity (below 0: fewer than k free slots, every free
-    one is kept); then each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. One thread, 2^21 float32 differences
+    one is kept); then each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. `only32` None: the
+    network for any P (_nm_sort); else every block has 17 to 32 slots and only the 32-key network is compiled in
+    (see _nm_blocks_of). One thread, 2^21 float32 differences
     of bf16 values: 4:32 2.23 -> 1.12 ns per element, 16:32 7.53 -> 1.26 against the passes this replaced
     (docs/merge-engine.md); blocks of 4 and 8 went here too (2:4 2.80) until the rank loop."""
     G = _NM_G
@@ -900,7 +929,7 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail):
     for g0 in range(0, whole, G):
         g = min(G, whole - g0)
         _nm_columns(x, lo + g0 * m, g, m, taken, use_taken, kt)
-        _nm_sort(kt, P, r, tt, ab, eq)
+        _nm_sort_of(only32, kt, P, r, tt, ab, eq)
         for b in range(g):
             o = lo + (g0 + b) * m
             blk, tk = x[o:o + m], taken[o:o + m]
@@ -2804,19 +2833,20 @@ def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, ora
     h4 = np.zeros((4 * T, 256), np.int64)
     res = np.zeros((T, 3), np.int64)
     shorts = np.zeros((T, K), np.int64)
+    only32 = np.int8(1) if all(17 <= ms[k] <= 32 for k in range(K)) else None  # the default pattern's path alone
     _run_pieces(_nm_piece, T, 0, (base, raws, K, align, sb, ns, ms, use_taken, pad_tail, ws, _weighted(ws, K), out,
-                                  oraw, sc, emit, shorts, h4, res))
+                                  oraw, sc, emit, shorts, h4, res, only32))
     return res[:, 0].sum(), res[:, 1].sum(), shorts.sum(axis=0), _pairs_of(h4, K), res[:, 2].sum()
 
 
 @_jit
 def _nm_piece(p, T, phase, base, raws, K, align, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit,
-              shorts, h4, res):
+              shorts, h4, res, only32):
     """Piece p of T of nm_merge_raw (serial, run by _run_pieces): its (non-finite flag, nonzeros, non-finite
     output flag) into res[p], its short blocks into shorts[p]."""
     lo, hi = _piece(base.shape[0], p, T, align)
     b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc,
-                               emit, shorts[p], h4[4 * p:4 * p + 4])
+                               emit, shorts[p], h4[4 * p:4 * p + 4], only32)
     res[p, 0] = b
     res[p, 1] = z
     res[p, 2] = bo
@@ -2824,7 +2854,7 @@ def _nm_piece(p, T, phase, base, raws, K, align, sb, ns, ms, use_taken, pad_tail
 
 @_jit
 def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit,
-                    short, h4):
+                    short, h4, only32):
     """nm_merge_raw over [lo, hi), span by span: each model's tau in a scratch row, pruned by _nm_blocks in the
     models' order (one `taken` row for the span), then the overlap bits and the weighted sum row by row (every
     loop vectorises). Returns (non-finite count, nonzeros of the sum, non-finite output flag)."""
@@ -2847,7 +2877,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
         for k in range(K):
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
-            short[k] += _nm_blocks(x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
+            short[k] += _nm_blocks_of(only32, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
         _kept_bits(tb, L, pat[:L], h4)
         o = out[s:e]
         first = True
