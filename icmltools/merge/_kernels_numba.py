@@ -874,7 +874,7 @@ def _nm_blocks_of(only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
     """_nm_blocks (every path for m compiled in: pairs, ranks, four networks, passes, bisection), or, where
     `only32` is not None (every model's m in 17..32, as the default pattern's 32), the 32-key network's path alone:
     chosen when compiled, so a merge of that pattern compiles only that path (the CABS loop's first compile, 4
-    float32 models, cold cache: 32.5 -> 18.9 s)."""
+    float32 models, cold cache: 32.5 -> 18.6 s)."""
 
 
 @overload(_nm_blocks_of)
