@@ -909,9 +909,9 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32):
     the key at P - k is the k-th largest counted with multiplicity (below 0: fewer than k free slots, every free
     one is kept); then each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. `only32` None: the
     network for any P (_nm_sort); else every block has 17 to 32 slots and only the 32-key network is compiled in
-    (see _nm_blocks_of). One thread, 2^21 float32 differences
-    of bf16 values: 4:32 2.23 -> 1.12 ns per element, 16:32 7.53 -> 1.26 against the passes this replaced
-    (docs/merge-engine.md); blocks of 4 and 8 went here too (2:4 2.80) until the rank loop."""
+    (see _nm_blocks_of). One thread, 2^21 float32 differences of bf16 values: 4:32 2.23 -> 1.12 ns per element,
+    16:32 7.53 -> 1.26 against the passes this replaced (docs/merge-engine.md); blocks of 4 and 8 went here too
+    (2:4 2.80) until the rank loop."""
     G = _NM_G
     P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
@@ -1635,9 +1635,7 @@ def _element_spans(p, T, base, raws, total, oraw):
 def _sum_piece(p, T, phase, base, raws, ws, total, div, oraw, sc, res):
     """Piece p of T of sum_raw (serial): its (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
     bs, rs, tt, oo = _element_spans(p, T, base, raws, total, oraw)
-    weighted = False
-    for k in range(len(raws)):
-        weighted |= ws[k] != 1.0
+    weighted = _weighted(ws, len(raws))
     bad = np.uint32(0)
     nz = np.int32(0)
     bo = np.uint32(0)
@@ -2864,7 +2862,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
     pat = np.empty(sb, np.uint8)
     zero = np.float32(0.0)
     one = np.float32(1.0)
-    bad = np.int32(0)
+    bad = 0
     nz = np.int32(0)
     bo = 0
     for s in range(lo, hi, sb):
@@ -2893,10 +2891,12 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
             else:
                 for j in range(L):
                     o[j] = o[j] + x[j] * wk
+        c = np.int32(0)  # a span's count in 32 bits (bad, int64, also sums _tau_block's counts)
         for j in range(L):
             v = o[j]
-            bad = _inc(bad, _bad(v))
+            c = _inc(c, _bad(v))
             nz = _inc(nz, v != zero)
+        bad += c
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], o, sc)
     return bad, nz, bo
