@@ -60,10 +60,10 @@ def debug_enabled() -> bool:
 
 class _CtrlC:
     """Whether Ctrl-C came while a command ran. A C library's callback can swallow the KeyboardInterrupt raised in
-    it (seen: llvmlite's object-cache callback during numba's first compile; the compile then either fails with a
-    RuntimeError or goes on, 6-27 s in our runs): the swallowed interrupt prints no traceback, the signal is sent
-    again from another thread (`_rearm`) so that it is raised in the code that called into C, and the command
-    ends as interrupted whatever happens next."""
+    it (seen: llvmlite's object-cache callback while numba compiled on the main thread, which could then crash:
+    numba compiles in a helper thread now, `core.device.off_main`): the swallowed interrupt prints no traceback,
+    the signal is sent again from another thread (`_rearm`) so that it is raised in the code that called into C,
+    and the command ends as interrupted whatever happens next."""
 
     REARM_S = 0.01  # after this long the swallowed signal is sent again (the callback has returned by then)
 

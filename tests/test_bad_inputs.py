@@ -103,6 +103,7 @@ INTERRUPT = {
 def test_ctrl_c_stops_at_once_and_writes_nothing(name, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ICML_")}
     env["ICML_RUNS_DIR"] = str(tmp_path / "runs")
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash prints every thread's Python stack (a SIGSEGV in CI printed nothing)
     p = subprocess.Popen([sys.executable, "-m", "icmltools", *INTERRUPT[name]], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env, cwd=tmp_path,  # a background job ignores SIGINT:
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # give the child the default
@@ -112,9 +113,115 @@ def test_ctrl_c_stops_at_once_and_writes_nothing(name, tmp_path):
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert time.perf_counter() - t0 < 15
-    assert p.returncode == 130, err.decode()[-1000:]
+    assert p.returncode == 130, "\n".join(x for x in err.decode().splitlines() if "Extension modules" not in x)[-4000:]
     assert out == b""
     assert err.decode().strip().splitlines()[-1] == "Error: interrupted (nothing was written)"
     assert "Traceback" not in err.decode()
     left = [f for f in (tmp_path / "runs").rglob("*") if f.is_file()] if (tmp_path / "runs").exists() else []
     assert not left, left
+
+
+_LOOPS = '''
+from icmltools.core.device import numba_jit
+
+
+def total(x):
+    s = 0.0
+    for v in x:
+        s += v * v
+    return s
+
+
+def peak(x):
+    m = x[0]
+    for v in x:
+        m = max(m, v)
+    return m
+
+
+def count(x, t):
+    c = 0
+    for v in x:
+        c += v > t
+    return c
+
+
+total, peak, count = (numba_jit(f)[0] for f in (total, peak, count))
+'''
+
+_LOAD = '''
+import sys, threading
+import numpy as np
+import loops
+
+main, other = [], []
+
+
+def on_main(frame, event, arg):  # a Ctrl-C raises KeyboardInterrupt on the main thread, wherever it is then
+    if event == "call" and frame.f_code.co_name == "_raw_object_cache_getbuffer":
+        main.append(1)
+        if len(main) == 3:
+            raise KeyboardInterrupt
+
+
+def elsewhere(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "_raw_object_cache_getbuffer":
+        other.append(1)
+
+
+if sys.argv[1] == "interrupt":
+    sys.settrace(on_main)
+    threading.settrace(elsewhere)
+x = np.arange(10.0)
+r = (loops.total(x), loops.peak(x), loops.count(x, 4.5))
+sys.settrace(None)
+print(r, len(main), len(other))
+'''
+
+
+def test_a_ctrl_c_while_numba_loads_cached_loops_cannot_crash_the_process(tmp_path):
+    """numba compiles, and loads from its cache, in the compiling thread (core.device.off_main): llvmlite's
+    object-cache callback never runs on the main thread, where a KeyboardInterrupt raised in it was swallowed and
+    LLVM then read an address it never linked (SIGSEGV: cabs-merge interrupted in CI). Here the interrupt is raised
+    in that callback on the main thread (at its third call, where it crashed); it fails with numba loading on the
+    main thread (rc -11)."""
+    (tmp_path / "loops.py").write_text(_LOOPS)
+    (tmp_path / "load.py").write_text(_LOAD)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    for mode in ("compile", "interrupt"):  # the second run loads the first's cache
+        p = subprocess.run([sys.executable, "load.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, (mode, p.returncode, p.stderr[-2000:])
+        r, on_main, elsewhere = p.stdout.rsplit(")", 1)[0] + ")", *p.stdout.rsplit(")", 1)[1].split()
+        assert r == "(285.0, 9.0, 5)"
+    assert (int(on_main), int(elsewhere) >= 3) == (0, True)  # loaded, all of it off the main thread
+
+
+_WAIT = '''
+import os, signal, threading
+from icmltools.core.device import off_main
+
+release, seen = threading.Event(), {}
+
+
+def work():  # stands for a compile: Ctrl-C comes while it runs
+    os.kill(os.getpid(), signal.SIGINT)
+    release.wait(30)
+    seen["finished"] = True
+
+
+try:
+    off_main(work)
+except KeyboardInterrupt:
+    seen["raised_while_running"] = "finished" not in seen
+release.set()
+print(seen["raised_while_running"], off_main(lambda: threading.current_thread().name), off_main(sum, (1, 2)))
+'''
+
+
+def test_ctrl_c_during_a_compile_is_raised_on_the_main_thread_at_once():
+    """off_main: the main thread's wait raises KeyboardInterrupt while the work still runs in the compiling
+    thread (which then goes on: the next work runs there too)."""
+    p = subprocess.run([sys.executable, "-c", _WAIT], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "numba-compile_0", "3"]

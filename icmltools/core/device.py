@@ -173,6 +173,71 @@ def _cache_loads_without_refresh() -> None:
     cls.load_overload = load_overload
 
 
+def numba_jit(fn, **opts):
+    """`numba.njit(cache=True, nogil=True, **opts)(fn)` whose compiles run in the compiling thread
+    (:func:`compiles_off_main`); where numba finds no writable cache folder, compiled in every process instead.
+    Returns (the function, whether it is cached)."""
+    import numba
+
+    try:
+        return compiles_off_main(numba.njit(cache=True, nogil=True, **opts)(fn)), True
+    except RuntimeError:  # no writable cache location
+        return compiles_off_main(numba.njit(nogil=True, **opts)(fn)), False
+
+
+def load_numba_module(name: str):
+    """:func:`load_numba`, then import the module `name` of compiled loops, both in the compiling thread
+    (:func:`off_main`), where numba's thread pool is started too: numba's import, the module's first function
+    (LLVM and its JIT) and the pool's start (its library's symbols) call into llvmlite. Returns the module;
+    raises ImportError when numba does not import."""
+    import importlib
+
+    def load():
+        numba = load_numba()
+        mod = importlib.import_module(name)
+        numba.get_num_threads()  # starts the pool; the count is set per thread, on the main one (numba_threads)
+        return mod
+
+    return off_main(load)
+
+
+def compiles_off_main(dispatcher):
+    """Make a numba function compile, or load from numba's cache, in the compiling thread (:func:`off_main`)."""
+    own = dispatcher.compile
+    dispatcher.compile = lambda sig: off_main(own, sig)
+    return dispatcher
+
+
+_COMPILER: list = []
+
+
+def off_main(fn, *args):
+    """fn(*args) in one helper thread (the compiling thread) while the main thread waits, so that Ctrl-C is
+    raised in that wait, never inside numba or llvmlite; called from any other thread, or within a compile
+    (numba's compiler lock held), it runs where it is.
+
+    Raised inside them, a KeyboardInterrupt can crash the process: in the ctypes callback of llvmlite's object
+    cache (`ExecutionEngine._raw_object_cache_getbuffer`, called while MCJIT links a compiled or a cached object)
+    it is swallowed, the callback returns no object, and LLVM goes on to read an address it never linked
+    (SIGSEGV in numba's `set_env`: `icml cabs-merge` interrupted while it loaded its cached loops, once in CI;
+    reproduced by raising KeyboardInterrupt in that callback). After a Ctrl-C in the wait the helper finishes its
+    work alone while the command unwinds (the console entry point then ends the process at once: `commands.cli`);
+    llvmlite serialises every call into LLVM with its own lock, so an LLVM object the main thread frees meanwhile
+    waits its turn."""
+    import sys
+    import threading
+
+    lock = sys.modules.get("numba.core.compiler_lock")
+    if threading.current_thread() is not threading.main_thread() or (
+            lock is not None and lock.global_compiler_lock.is_locked()):
+        return fn(*args)
+    if not _COMPILER:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _COMPILER.append(ThreadPoolExecutor(1, "numba-compile"))
+    return _COMPILER[0].submit(fn, *args).result()
+
+
 def numba_threads() -> None:
     """Size numba's parallel loops to the count set by :func:`set_threads` (capped by numba's pool), when numba
     is loaded; a module that loads numba later calls this after its import. (Not NUMBA_NUM_THREADS: numba

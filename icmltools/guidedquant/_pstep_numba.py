@@ -16,8 +16,9 @@ compiled in every process (`CACHED` is False).
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from icmltools.core.device import numba_jit
 
 
 def _nearest(mid, t):
@@ -112,11 +113,9 @@ def _sweep(H, R, S, vals, mids, bounds, inv, label, out, gs, cycles, tile, cols)
 
 def _jit(fn, **opts):
     global CACHED
-    try:
-        return numba.njit(cache=True, nogil=True, **opts)(fn)
-    except RuntimeError:  # numba found no writable cache location: compile in every process
-        CACHED = False
-        return numba.njit(nogil=True, **opts)(fn)
+    fn, cached = numba_jit(fn, **opts)
+    CACHED = CACHED and cached  # numba found no writable cache location: compiled in every process
+    return fn
 
 
 CACHED = True

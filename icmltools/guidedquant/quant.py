@@ -73,10 +73,9 @@ def numba_available() -> bool:
     """Whether the compiled P-step can run: numba imports (a dependency; a numba that does
     not import, e.g. built for another numpy, counts as missing)."""
     try:
-        from icmltools.core.device import load_numba
+        from icmltools.core.device import load_numba_module
 
-        load_numba()
-        from . import _pstep_numba  # noqa: F401
+        load_numba_module("icmltools.guidedquant._pstep_numba")
     except ImportError:
         return False
     return True

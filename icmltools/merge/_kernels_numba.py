@@ -15,6 +15,8 @@ import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
+from icmltools.core.device import numba_jit
+
 
 @intrinsic
 def _u32_as_f32(typingctx, x):
@@ -31,10 +33,7 @@ def _f32_as_u32(typingctx, x):
 
 
 def _jit(fn, parallel=False):
-    try:
-        return numba.njit(cache=True, nogil=True, parallel=parallel)(fn)
-    except RuntimeError:  # no writable cache location: compile in every process
-        return numba.njit(nogil=True, parallel=parallel)(fn)
+    return numba_jit(fn, parallel=parallel)[0]
 
 
 def _pjit(fn):

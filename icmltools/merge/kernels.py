@@ -17,11 +17,9 @@ def _mod():
     if not _state["tried"]:
         _state["tried"] = True
         try:
-            from icmltools.core.device import load_numba
+            from icmltools.core.device import load_numba_module
 
-            load_numba()
-            from . import _kernels_numba
-            _state["mod"] = _kernels_numba
+            _state["mod"] = load_numba_module("icmltools.merge._kernels_numba")
         except ImportError:  # numba missing: the torch path
             _state["mod"] = None
         else:
