@@ -95,6 +95,8 @@ INTERRUPT = {
     "cabs-merge": ["cabs-merge", "--threads", "1", "--out", "runs/demo"],  # the folder is under the checked runs/
     # interrupted during collection (no stage finished: nothing kept; a finished stage keeps the folder, resumable)
     "goskill": ["goskill", "--threads", "1", "--tasks", "toy-a,toy-b", "--episodes", "100000"],
+    "guidedquant": ["guidedquant", "--threads", "1"],  # numba's P-step (compiled off the main thread)
+    "lowrank": ["lowrank", "--threads", "1"],
 }
 
 
