@@ -4,6 +4,7 @@ Each row: exit code, exactly one line on stderr (no traceback), and no file left
 cover every command at once (every float option refuses NaN/inf; unknown options; outputs that cannot be
 written; Ctrl-C). Command-specific rows live in the `BAD_INPUTS` table of each command's test file.
 """
+import json
 import os
 import signal
 import subprocess
@@ -152,7 +153,7 @@ total, peak, count = (numba_jit(f)[0] for f in (total, peak, count))
 '''
 
 _LOAD = '''
-import sys, threading
+import json, sys, threading
 import numpy as np
 import loops
 
@@ -177,7 +178,7 @@ if sys.argv[1] == "interrupt":
 x = np.arange(10.0)
 r = (loops.total(x), loops.peak(x), loops.count(x, 4.5))
 sys.settrace(None)
-print(r, len(main), len(other))
+print(json.dumps({"result": r, "on_main": len(main), "elsewhere": len(other)}))
 '''
 
 
@@ -194,9 +195,9 @@ def test_a_ctrl_c_while_numba_loads_cached_loops_cannot_crash_the_process(tmp_pa
         p = subprocess.run([sys.executable, "load.py", mode], cwd=tmp_path, env=env, capture_output=True, text=True,
                            timeout=300)
         assert p.returncode == 0, (mode, p.returncode, p.stderr[-2000:])
-        r, on_main, elsewhere = p.stdout.rsplit(")", 1)[0] + ")", *p.stdout.rsplit(")", 1)[1].split()
-        assert r == "(285.0, 9.0, 5)"
-    assert (int(on_main), int(elsewhere) >= 3) == (0, True)  # loaded, all of it off the main thread
+        doc = json.loads(p.stdout)
+        assert doc["result"] == [285.0, 9.0, 5]
+    assert doc["on_main"] == 0 and doc["elsewhere"] >= 3  # loaded, all of it off the main thread
 
 
 _WAIT = '''
