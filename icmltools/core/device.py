@@ -125,9 +125,9 @@ def load_numba():
     which our loops do not call. The probe runs once, here, with scipy.linalg hidden (it finds no BLAS: those
     two would use numba's own loop); np.dot and np.linalg check for BLAS again when a loop using them is
     compiled, and scipy.linalg imports as usual afterwards. Nothing is hidden when scipy.linalg is already loaded
-    (the probe is then free). Call it from the thread that loads the kernels, before any other thread may import
-    scipy.linalg (the commands do: their worker threads import nothing). Raises ImportError when numba does not
-    import."""
+    (the probe is then free). :func:`load_numba_module` calls it in the compiling thread while the main thread
+    waits, before any other thread may import scipy.linalg (the commands' worker threads import nothing). Raises
+    ImportError when numba does not import."""
     import sys
 
     import numba

@@ -2830,7 +2830,7 @@ def nm_merge_raw(base, raws, K, ns, ms, align, use_taken, pad_tail, ws, out, ora
     h4 = np.zeros((4 * T, 256), np.int64)
     res = np.zeros((T, 3), np.int64)
     shorts = np.zeros((T, K), np.int64)
-    only32 = np.int8(1) if all(17 <= ms[k] <= 32 for k in range(K)) else None  # the default pattern's path alone
+    only32 = np.int8(1) if all(_NM_NET // 2 < ms[k] <= _NM_NET for k in range(K)) else None  # P = 32 (default)
     _run_pieces(_nm_piece, T, 0, (base, raws, K, align, sb, ns, ms, use_taken, pad_tail, ws, _weighted(ws, K), out,
                                   oraw, sc, emit, shorts, h4, res, only32))
     return res[:, 0].sum(), res[:, 1].sum(), shorts.sum(axis=0), _pairs_of(h4, K), res[:, 2].sum()
