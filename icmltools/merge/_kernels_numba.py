@@ -818,26 +818,40 @@ def _batcher_pairs(n: int) -> list:
 
 def _net_src(P: int) -> str:
     """The source of _nm_net<P>: per lane b of _NM_G, the P keys kt[i * _NM_G + b] sorted by Batcher's network
-    (min/max on locals: the loop over the lanes vectorises), then tt[b] = the sorted key at r (ascending), ab[b]
-    = the keys above it, eq[b] = its copies."""
+    (min/max on locals: the loop over the lanes vectorises) to find t = the sorted key at r (ascending), the k-th
+    largest; then, over the keys in their order, the block's keep bits mk[b] (bit i: key i kept): the keys above t
+    and the first k - (keys above t) copies of t, or, where t < 0 (fewer than k free slots), every free key (sh[b]
+    = 1: a short block). Every count is 32-bit (see _inc) and no branch depends on the data: the ties' rule costs
+    the common case (every copy kept) nothing."""
     G = _NM_G
-    lines = ["def f(kt, r, tt, ab, eq):", f"    for b in range({G}):"]
+    lines = ["def f(kt, r, k, mk, sh):", f"    for b in range({G}):"]
     lines += [f"        v{i} = kt[{i * G} + b]" for i in range(P)]
     lines += [f"        v{i}, v{j} = min(v{i}, v{j}), max(v{i}, v{j})" for i, j in _batcher_pairs(P)]
     lines.append("        t = v0")
     lines += [f"        t = v{i} if r == {i} else t" for i in range(1, P)]
-    lines.append("        tt[b] = t")
-    lines.append("        ab[b] = " + " + ".join(f"np.int32(v{i} > t)" for i in range(P)))
-    lines.append("        eq[b] = " + " + ".join(f"np.int32(v{i} == t)" for i in range(P)))
+    lines.append("        ab = np.int32(0)")
+    lines += [f"        ab = np.int32(ab + np.int32(v{i} > t))" for i in range(P)]
+    lines += ["        neg = t < 0",
+              f"        left = np.int32({P}) if neg else np.int32(k - ab)",
+              "        t = np.int32(0) if neg else t",
+              "        q = np.int32(0)",
+              "        bits = np.uint32(0)"]
+    for i in range(P):
+        lines += [f"        w = kt[{i * G} + b]",
+                  "        e = w == t",
+                  "        keep = (w > t) | (e & (q < left))",
+                  "        q = np.int32(q + np.int32(e))",
+                  f"        bits = np.uint32(bits | (np.uint32(keep) << np.uint32({i})))"]
+    lines += ["        mk[b] = bits", "        sh[b] = np.int32(neg)"]
     return "\n".join(lines) + "\n"
 
 
 def _net_stub(P: int):
-    def net(kt, r, tt, ab, eq):
+    def net(kt, r, k, mk, sh):
         """The sorting network for P keys (generated when compiled, see _net_src)."""
 
     @overload(net)
-    def _impl(kt, r, tt, ab, eq):
+    def _impl(kt, r, k, mk, sh):
         return _defined(_net_src(P))
     return net
 
@@ -846,27 +860,27 @@ _nm_net4, _nm_net8, _nm_net16, _nm_net32 = (_net_stub(P) for P in (4, 8, 16, 32)
 
 
 @_jit
-def _nm_sort(kt, P, r, tt, ab, eq):
+def _nm_sort(kt, P, r, k, mk, sh):
     """The network for P keys (P a power of two, 4..32) over the _NM_G lanes of kt (see _net_src)."""
     if P == 4:
-        _nm_net4(kt, r, tt, ab, eq)
+        _nm_net4(kt, r, k, mk, sh)
     elif P == 8:
-        _nm_net8(kt, r, tt, ab, eq)
+        _nm_net8(kt, r, k, mk, sh)
     elif P == 16:
-        _nm_net16(kt, r, tt, ab, eq)
+        _nm_net16(kt, r, k, mk, sh)
     else:
-        _nm_net32(kt, r, tt, ab, eq)
+        _nm_net32(kt, r, k, mk, sh)
 
 
-def _nm_sort_of(only32, kt, P, r, tt, ab, eq):
+def _nm_sort_of(only32, kt, P, r, k, mk, sh):
     """_nm_sort, or the 32-key network alone where `only32` is not None (chosen when compiled)."""
 
 
 @overload(_nm_sort_of)
-def _nm_sort_of_impl(only32, kt, P, r, tt, ab, eq):
+def _nm_sort_of_impl(only32, kt, P, r, k, mk, sh):
     if isinstance(only32, types.NoneType):
-        return lambda only32, kt, P, r, tt, ab, eq: _nm_sort(kt, P, r, tt, ab, eq)
-    return lambda only32, kt, P, r, tt, ab, eq: _nm_net32(kt, r, tt, ab, eq)
+        return lambda only32, kt, P, r, k, mk, sh: _nm_sort(kt, P, r, k, mk, sh)
+    return lambda only32, kt, P, r, k, mk, sh: _nm_net32(kt, r, k, mk, sh)
 
 
 def _nm_blocks_of(only32, x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
@@ -904,63 +918,41 @@ def _nm_columns(x, lo, g, m, taken, use_taken, kt):
 def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32):
     """nm_prune over the blocks in [lo, hi) for _NM_NET_MIN <= m <= _NM_NET, m not 4 or 8 (lo a multiple of
     m): per group of _NM_G whole blocks, each block's keys go to a column of kt (P = m rounded up to a power of
-    two rows, the rows past m holding -2, below every key), one sorting network sorts every column at once, and
-    the key at P - k is the k-th largest counted with multiplicity (below 0: fewer than k free slots, every free
-    one is kept); then each block keeps as in _nm_keys. The tail block by :func:`_nm_keys`. `only32` None: the
-    network for any P (_nm_sort); else every block has 17 to 32 slots and only the 32-key network is compiled in
-    (see _nm_blocks_of). One thread, 2^21 float32 differences of bf16 values: 4:32 2.23 -> 1.12 ns per element,
-    16:32 7.53 -> 1.26 against the passes this replaced (docs/merge-engine.md); blocks of 4 and 8 went here too
-    (2:4 2.80) until the rank loop."""
+    two rows, the rows past m holding -2, below every key), one sorting network sorts every column at once and
+    gives each block its keep bits (see _net_src), then one loop per block zeroes and marks by them. The tail
+    block by :func:`_nm_keys`. `only32` None: the network for any P (_nm_sort); else every block has 17 to 32
+    slots and only the 32-key network is compiled in (see _nm_blocks_of). One thread, 2^21 float32 differences
+    of bf16 values: 4:32 2.23 -> 1.12 ns per element, 16:32 7.53 -> 1.26 against the passes this replaced
+    (docs/merge-engine.md); blocks of 4 and 8 went here too (2:4 2.80) until the rank loop. Keep bits from the
+    network in place of a per-block threshold and a second look at the keys (AMD Zen 3, AVX2): 4:32 1.97 -> 1.29,
+    16:32 3.00 -> 1.30, with a third of the slots taken 2.35 -> 1.40 and 2.79 -> 1.39."""
     G = _NM_G
     P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
         P *= 2
     kt = np.full(P * G, np.int32(-2), np.int32)
-    tt = np.empty(G, np.int32)
-    ab = np.empty(G, np.int32)
-    eq = np.empty(G, np.int32)
+    mk = np.empty(G, np.uint32)
+    sh = np.empty(G, np.int32)
     zero = np.float32(0.0)
-    none = np.int32(-1)
+    one = np.uint32(1)
     short = 0
-    k = min(n, m)
+    k = np.int32(min(n, m))
     r = P - k
     whole = (hi - lo) // m
     for g0 in range(0, whole, G):
         g = min(G, whole - g0)
         _nm_columns(x, lo + g0 * m, g, m, taken, use_taken, kt)
-        _nm_sort_of(only32, kt, P, r, tt, ab, eq)
+        _nm_sort_of(only32, kt, P, r, k, mk, sh)
         for b in range(g):
             o = lo + (g0 + b) * m
-            blk, tk = x[o:o + m], taken[o:o + m]
-            t = tt[b]
-            if t < 0:  # fewer than k free slots: keep every free one
-                t = np.int32(0)
-                left, copies = m, 0
-            else:
-                left, copies = k - ab[b], eq[b]
-            q = 0
-            if left >= copies:  # every copy of t kept
-                for j in range(m):
-                    kj = np.int32(_f32_as_u32(abs(blk[j])))
-                    if use_taken:
-                        kj = none if tk[j] else kj
-                    keep = kj >= t
-                    q += keep
-                    blk[j] = blk[j] if keep else zero
-                    if use_taken:
-                        tk[j] = tk[j] | keep
-                short += q < k
-            else:  # the first `left` copies of t by position (as _keep_ties, written out here: calling it, its
-                for j in range(m):  # key row filled first, made the loop above 1.6-3.7x slower, measured)
-                    kj = np.int32(_f32_as_u32(abs(blk[j])))
-                    if use_taken:
-                        kj = none if tk[j] else kj
-                    e = kj == t
-                    keep = (kj > t) | (e & (q < left))
-                    q += e
-                    blk[j] = blk[j] if keep else zero
-                    if use_taken:
-                        tk[j] = tk[j] | keep
+            blk, tk = x[o:o + m], taken[o:o + m]  # slices: the loops over them vectorise
+            bits = mk[b]
+            short += sh[b]
+            for j in range(m):
+                keep = ((bits >> np.uint32(j)) & one) != 0
+                blk[j] = blk[j] if keep else zero
+                if use_taken:
+                    tk[j] = tk[j] | keep
     s = lo + whole * m
     if s < hi:
         short += _nm_keys(x, s, hi, n, m, taken, use_taken, pad_tail, np.empty(m, np.int32))
