@@ -2273,7 +2273,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
                 else:
                     add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero")
                 if windows:
-                    add(f"            i{k} = (_f32_as_u32(a{k}) - l{k}) < z{k}")
+                    add(f"            i{k} = np.uint32(_f32_as_u32(a{k}) - l{k}) < z{k}")
         if windows:
             add("            wb = " + " | ".join(f"(np.uint8({1 << k}) if i{k} else np.uint8(0))" for k in range(K)))
             add("            pw[j] = wb")
@@ -2420,7 +2420,7 @@ def _window_bits(bs, rs, los, wds, los2, wds2, his2, pp):
         p = np.uint32(0)
         for k in range(K):
             u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
-            p |= np.uint32(((u - los[k]) < wds[k]) | ((u - los2[k]) < wds2[k])) << np.uint32(k)
+            p |= np.uint32((np.uint32(u - los[k]) < wds[k]) | (np.uint32(u - los2[k]) < wds2[k])) << np.uint32(k)
             ws = _count16(ws, u >= his2[k], k)
         pp[j] = np.uint8(p)
         c = _inc(c, p != np.uint32(0))
