@@ -2409,22 +2409,38 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 def _window_bits(bs, rs, los, wds, los2, wds2, his2, pp):
     """pp[j] = the models whose |rs[k][j] - bs[j]| lies in their window (bit k: its float32 bits u with
     u - los[k] < wds[k], unsigned) or their second one (Breadcrumbs' top's: los2, wds2; widths 0 for none) over one
-    span of at most 2^16 elements. Returns (the count of positions with a bit set, the elements from his2[k] on
-    per model (above the top's window; 2^32 - 1 for none), packed as _ties_span's). One loop with the models
-    inside it (as _ties_span)."""
+    span of at most 2^16 - 1 elements. Returns (the count of positions with a bit set, the elements from his2[k]
+    on per model (above the top's window; 2^32 - 1 for none), packed as _ties_span's). One loop with the models
+    written out inside it (_window_span, generated per model count as _fused_span), in place of a loop over the
+    tuple: 4 bf16 models, blocks of 2048 from a compiled loop, one thread, 1.66 -> 1.14 ns per element."""
+    return _window_span(bs, rs, los, wds, los2, wds2, his2, pp)
+
+
+def _window_span(bs, rs, los, wds, los2, wds2, his2, pp):
+    """_window_bits' loop for len(rs) models (generated when compiled)."""
+
+
+@overload(_window_span)
+def _window_span_impl(bs, rs, los, wds, los2, wds2, his2, pp):
     K = len(rs)
-    c = np.int32(0)
-    ws = _NO_COUNTS
-    for j in range(bs.shape[0]):
-        b = as_f32(bs, j)
-        p = np.uint32(0)
-        for k in range(K):
-            u = _f32_as_u32(abs(as_f32(rs[k], j) - b))
-            p |= np.uint32((np.uint32(u - los[k]) < wds[k]) | (np.uint32(u - los2[k]) < wds2[k])) << np.uint32(k)
-            ws = _count16(ws, u >= his2[k], k)
-        pp[j] = np.uint8(p)
-        c = _inc(c, p != np.uint32(0))
-    return np.int64(c), ws
+    lines = ["def f(bs, rs, los, wds, los2, wds2, his2, pp):", "    c = np.int32(0)"]
+    for k in range(K):
+        lines += [f"    r{k} = rs[{k}]", f"    l{k} = los[{k}]", f"    w{k} = wds[{k}]", f"    m{k} = los2[{k}]",
+                  f"    z{k} = wds2[{k}]", f"    h{k} = his2[{k}]", f"    a{k} = np.int32(0)"]
+    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        p = np.uint32(0)"]
+    for k in range(K):
+        lines += [f"        u = _f32_as_u32(abs(as_f32(r{k}, j) - b))",
+                  f"        i = (np.uint32(u - l{k}) < w{k}) | (np.uint32(u - m{k}) < z{k})",
+                  f"        p = np.uint32(p | (np.uint32(i) << np.uint32({k})))",
+                  f"        a{k} = _inc(a{k}, u >= h{k})"]
+    lines += ["        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
+    words = []
+    for q in range(4):  # _NO_COUNTS' four words: models 2q (low 16 bits) and 2q + 1 (high)
+        lo = f"np.uint32(a{2 * q})" if 2 * q < K else "np.uint32(0)"
+        hi = f"(np.uint32(a{2 * q + 1}) << np.uint32(16))" if 2 * q + 1 < K else "np.uint32(0)"
+        words.append(f"np.uint32({lo} | {hi})")
+    lines.append("    return np.int64(c), (" + ", ".join(words) + ")")
+    return _defined("\n".join(lines) + "\n")
 
 
 def _folded(tv2, los, wds, pp):
