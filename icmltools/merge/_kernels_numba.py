@@ -1159,8 +1159,8 @@ def mt_seed(seed, mt):
 @_jit
 def _mt_mix(a, b, c):
     """One twist step: c ^ ((a's upper bit | b's lower bits) >> 1) ^ (its low bit ? A : 0)."""
-    y = (a & _MT_UPPER) | (b & _MT_LOWER)
-    return c ^ (y >> np.uint32(1)) ^ (_MT_A if (y & np.uint32(1)) != np.uint32(0) else np.uint32(0))
+    y = np.uint32((a & _MT_UPPER) | (b & _MT_LOWER))
+    return np.uint32(c ^ np.uint32(y >> np.uint32(1)) ^ (_MT_A if (y & np.uint32(1)) != np.uint32(0) else np.uint32(0)))
 
 
 @_jit
@@ -1176,12 +1176,12 @@ def _mt_twist(mt):
 @_jit
 def _mt_out24(w):
     """The low 24 bits of one tempered output."""
-    y = w
-    y ^= y >> np.uint32(11)
-    y ^= (y << np.uint32(7)) & np.uint32(0x9D2C5680)
-    y ^= (y << np.uint32(15)) & np.uint32(0xEFC60000)
-    y ^= y >> np.uint32(18)
-    return y & np.uint32(0xFFFFFF)
+    y = np.uint32(w)  # every step wrapped in 32 bits (numba computes uint32 shifts in 64)
+    y = np.uint32(y ^ np.uint32(y >> np.uint32(11)))
+    y = np.uint32(y ^ np.uint32(np.uint32(y << np.uint32(7)) & np.uint32(0x9D2C5680)))
+    y = np.uint32(y ^ np.uint32(np.uint32(y << np.uint32(15)) & np.uint32(0xEFC60000)))
+    y = np.uint32(y ^ np.uint32(y >> np.uint32(18)))
+    return np.uint32(y & np.uint32(0xFFFFFF))
 
 
 @_jit
