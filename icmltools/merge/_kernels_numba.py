@@ -825,8 +825,9 @@ def _net_src(P: int) -> str:
     (min/max on locals: the loop over the lanes vectorises) to find t = the sorted key at r (ascending), the k-th
     largest; then, over the keys in their order, the block's keep bits mk[b] (bit i: key i kept): the keys above t
     and the first k - (keys above t) copies of t, or, where t < 0 (fewer than k free slots), every free key (sh[b]
-    = 1: a short block). Every count is 32-bit (see _inc) and no branch depends on the data: the ties' rule costs
-    the common case (every copy kept) nothing."""
+    = 1: a short block). Every count is 32-bit, written inline as np.int32(a + b) (through _inc the network ran
+    1.17 -> 1.38 ns per element at 4:32, 1.97 -> 2.41 at 9:17, one thread, measured), and no branch depends on
+    the data: the ties' rule costs the common case (every copy kept) nothing."""
     G = _NM_G
     lines = ["def f(kt, r, k, mk, sh):", f"    for b in range({G}):"]
     lines += [f"        v{i} = kt[{i * G} + b]" for i in range(P)]
@@ -2434,12 +2435,9 @@ def _window_span_impl(bs, rs, los, wds, los2, wds2, his2, pp):
                   f"        p = np.uint32(p | (np.uint32(i) << np.uint32({k})))",
                   f"        a{k} = _inc(a{k}, u >= h{k})"]
     lines += ["        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
-    words = []
-    for q in range(4):  # _NO_COUNTS' four words: models 2q (low 16 bits) and 2q + 1 (high)
-        lo = f"np.uint32(a{2 * q})" if 2 * q < K else "np.uint32(0)"
-        hi = f"(np.uint32(a{2 * q + 1}) << np.uint32(16))" if 2 * q + 1 < K else "np.uint32(0)"
-        words.append(f"np.uint32({lo} | {hi})")
-    lines.append("    return np.int64(c), (" + ", ".join(words) + ")")
+    lines.append("    ws = _NO_COUNTS")  # the counts packed as _ties_span's, once per span
+    lines += [f"    ws = _count16(ws, a{k}, {k})" for k in range(K)]
+    lines.append("    return np.int64(c), ws")
     return _defined("\n".join(lines) + "\n")
 
 
