@@ -691,6 +691,10 @@ def test_compiled_loops_equal_the_torch_path_bitwise(tmp_path, counted, name, ch
         assert fast[1] == slow[1]
     if E.get_method(name).one_pass:  # its loop writes each output chunk itself: no output pass of its own
         assert not any(counted.calls.get(k) for k in ("apply_raw", "apply_bf16", "apply_f32")), counted.calls
+        # and no numba parallel loop (prange) runs between its pieces: torch's OpenMP, which those loops use,
+        # spins after each on the cores the pieces need (DARE's masks, the deferred select, the taken marks)
+        par = [k for k in counted.calls if getattr(getattr(counted.mod, k), "targetoptions", {}).get("parallel")]
+        assert not par, (name, par)
     else:
         assert counted.calls.get("apply_bf16") and counted.calls.get("apply_f32"), counted.calls
     loops = {"task_arithmetic": "sum_raw", "ties": "topk_merge_raw", "magnitude": "topk_merge_raw",

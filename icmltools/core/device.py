@@ -217,9 +217,11 @@ def sleeping_openmp(apply: bool = True):
     Why: unset, each of the pool's threads spins for 300000 rounds (milliseconds) after every parallel loop, on a
     core the merge engine's next step needs (its own piece threads, `_run_pieces`, which are not OpenMP). At two
     threads, in one process on the benchmark's files, the spinning thread took 4.07 s of CPU in two DARE merges
-    (1.08 s passive), and DARE's masks then merge ran at 1.05 ns per model and element against 0.55 passive (1.0
-    on one thread). Small torch training steps at two threads were slower passive (0.58-0.77 s against 0.79-1.01
-    s for 300 steps of an MLP): commands that merge ask for it (`CommandRun(passive_openmp=True)`), not all."""
+    (1.08 s passive), and DARE's masks (then a parallel loop) and merge ran at 1.05 ns per model and element
+    against 0.55 passive (1.0 on one thread). The engine's per-chunk loops are pieces now; torch's own parallel
+    ops remain (CA-magnitude's whole-tensor zeros: its merge 3.98-4.40 s, 3.58-3.99 passive). Small torch
+    training steps at two threads were slower passive (0.58-0.77 s against 0.79-1.01 s for 300 steps of an MLP):
+    commands that merge files ask for it (`CommandRun(passive_openmp=True)`), not all."""
     import os
 
     own = not apply or any(k in os.environ for k in _WAIT_ENV)
