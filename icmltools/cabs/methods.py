@@ -198,7 +198,12 @@ class CAMagnitude(_Pruned):
         import torch
 
         st.thr = [None] * st.n
-        st.scan_taken = torch.zeros(st.numel, dtype=torch.bool, device=st.device)
+        if str(st.device) == "cpu":  # zero pages from the OS (calloc), not torch's parallel fill, whose OpenMP
+            import numpy as np  # threads then spin on the cores the engine's pieces need: CA-magnitude's merge
+
+            st.scan_taken = torch.from_numpy(np.zeros(st.numel, np.bool_))  # 4.27-4.71 -> 3.59-4.05 s, 2 threads
+        else:
+            st.scan_taken = torch.zeros(st.numel, dtype=torch.bool, device=st.device)
 
     def scan(self, st, tau, i):
         thr = P.magnitude_threshold(tau, st.plan.densities[i], st.scan_taken)
