@@ -128,13 +128,11 @@ def _selections() -> dict:
 
 def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_elems: int | None = None) -> dict:
     """One measurement in this fresh process: a plain read, or one method's merge to disk."""
-    from icmltools.core.device import set_threads, sleeping_openmp
-
-    with sleeping_openmp(threads > 1):  # as `icml cabs-merge`/`negmerge` on files (CommandRun's passive_openmp)
-        import torch
+    import torch
 
     import icmltools.cabs.methods  # noqa: F401  (registers cabs, bs, ca_magnitude)
     import icmltools.merge.methods  # noqa: F401
+    from icmltools.core.device import set_threads
     from icmltools.merge import engine as E
     from icmltools.taskvec import CheckpointWriter, open_checkpoint
 

@@ -80,8 +80,7 @@ def cli(ctx, base, model_list, include, exclude, out_format, out_dtype, chunk_el
     """
     models = _check_usage(ctx, base, models_csv, model_list, config)
     with common.CommandRun(ctx, "cabs-merge", seed=seed, device=device, threads=threads,
-                           reference=options.REFERENCE, param_flags=PARAM_FLAGS,
-                           passive_openmp=base is not None or config is not None) as run:  # file merges
+                           reference=options.REFERENCE, param_flags=PARAM_FLAGS) as run:
         if base is None and config is None:
             _demo(run, methods, nm, tail, n_seeds, out)
         else:

@@ -395,8 +395,7 @@ class CommandRun:
 
     def __init__(self, ctx: click.Context, command: str, *, seed: int | None = None, device: str | None = None,
                  threads: int | None = None, packages: tuple = ("numpy", "torch"), seed_torch: bool = True,
-                 reference: dict | None = None, param_flags: dict | None = None, writes: bool = True,
-                 passive_openmp: bool = False):
+                 reference: dict | None = None, param_flags: dict | None = None, writes: bool = True):
         self.ctx = ctx
         self.writes = writes  # False on a non-writing process (DDP rank > 0): no envelope, no run-folder files
         self.command = command
@@ -412,7 +411,6 @@ class CommandRun:
         self.device_spec = device
         self.threads = threads
         self.packages = packages
-        self.passive_openmp = passive_openmp  # idle OpenMP threads sleep (core.device.sleeping_openmp), threads > 1
         self.seed_torch = seed_torch
         self.timer = Timer()
         self.result: Any = None
@@ -462,12 +460,9 @@ class CommandRun:
         self._setup_logging()
         import importlib
 
-        from icmltools.core.device import sleeping_openmp
-
-        with sleeping_openmp(self.passive_openmp and (self.threads or 1) > 1):  # OpenMP reads it as it loads
-            for name in self.packages:  # heavy imports first: thread limits then reach every loaded pool
-                with contextlib.suppress(ImportError):
-                    importlib.import_module(name)
+        for name in self.packages:  # heavy imports first: thread limits then reach every loaded pool
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
         if self.threads is not None:
             from icmltools.core.device import set_threads
 

@@ -90,7 +90,7 @@ def cli(ctx, base, candidates, method, ta_index, lam, lam_grid, eval_cmd, eval_t
     """
     _check_usage(ctx, base, candidates, lam, lam_grid, eval_cmd)
     with common.CommandRun(ctx, "negmerge", seed=seed, device=device, threads=threads,
-                           reference=options.REFERENCE, passive_openmp=base is not None) as run:  # file merges
+                           reference=options.REFERENCE) as run:
         if base is None:
             _demo(run, dict(preset=preset, methods=methods, lam=lam, lam_grid=lam_grid, ties_k=ties_k, dare_p=dare_p,
                             retain_ratio=retain_ratio, patience=patience, pool=pool), n_seeds, export_demo, out)

@@ -2,8 +2,6 @@
 lambda 0, n = m; the demo; the command (file mode, mergekit configs, bad inputs)."""
 from __future__ import annotations
 
-import json
-import os
 import re
 
 import pytest
@@ -410,31 +408,6 @@ def test_cli_config_equals_flags(ckpts, tmp_path, monkeypatch):
     fa, fb = _load(a["output"]), _load(b["output"])
     assert fa["h.weight"].dtype == torch.float32 and fa["steps"].dtype == torch.int64   # the bf16 tensor written as f32
     assert all(torch.equal(fa[k], fb[k]) for k in fa)
-
-
-@pytest.mark.parametrize("threads,torch_spins", [(2, "0"), (1, "300000")])
-def test_file_merge_on_two_threads_loads_openmp_with_sleeping_threads(threads, torch_spins, ckpts, tmp_path):
-    """A file merge on more than one thread loads torch's OpenMP (which numba's parallel loops share) with idle
-    threads sleeping (GNU OpenMP's spin count 0, as OMP_WAIT_POLICY=PASSIVE): a spinning thread took the core
-    the engine's own piece threads needed next. One thread: torch's OpenMP as by default (the demo trains small
-    models, where spinning threads measured faster). An OpenMP library numba's pool loads itself sleeps always."""
-    import subprocess
-    import sys
-
-    pytest.importorskip("numba")
-    d = ckpts[0]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    env["OMP_DISPLAY_ENV"] = "VERBOSE"  # GNU OpenMP prints its settings on stderr as it loads
-    p = subprocess.run([sys.executable, "-m", "icmltools", "cabs-merge", "-q", "--threads", str(threads), "--base",
-                        str(d / "base.safetensors"), "--models", f"{d / 'm0.safetensors'},{d / 'm1.safetensors'}",
-                        "--method", "dare", "--out", str(tmp_path / "r")], capture_output=True, text=True, env=env)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert json.loads(p.stdout)["result"]
-    got = re.findall(r"GOMP_SPINCOUNT = '(\d+)'", p.stderr)
-    if not got:
-        pytest.skip("no GNU OpenMP settings printed (another OpenMP runtime)")
-    assert got[0] == torch_spins  # torch's, loaded first
-    assert set(got[1:]) <= {"0"}
 
 
 def _ties_yml(params: str = "normalize: true") -> str:

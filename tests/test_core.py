@@ -250,28 +250,6 @@ def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
     assert out.stdout.split() == ["False", "1"]
 
 
-def test_sleeping_openmp_sets_passive_for_the_block_only_and_keeps_the_users(monkeypatch):
-    from icmltools.core.device import sleeping_openmp
-
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    with sleeping_openmp() as applied:
-        assert applied and os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in os.environ  # child processes see the user's environment
-    with sleeping_openmp(False) as applied:
-        assert not applied and "OMP_WAIT_POLICY" not in os.environ
-    with pytest.raises(RuntimeError), sleeping_openmp():
-        raise RuntimeError("an import failed")
-    assert "OMP_WAIT_POLICY" not in os.environ
-    for var, value in (("GOMP_SPINCOUNT", "1000"), ("OMP_WAIT_POLICY", "active")):  # the user's choice stands
-        monkeypatch.setenv(var, value)
-        with sleeping_openmp() as applied:
-            assert not applied and os.environ[var] == value
-        assert os.environ[var] == value
-        monkeypatch.delenv(var)
-    assert "OMP_WAIT_POLICY" not in os.environ
-
-
 def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole():
     """The merge and P-step kernels load numba without its probe's import of scipy.linalg: after a compiled
     merge loop has run and the P-step's module loaded, through their own seams, scipy.linalg is not loaded (fails

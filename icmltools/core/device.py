@@ -1,7 +1,6 @@
 """Device resolution and thread control, shared by every torch command."""
 from __future__ import annotations
 
-import contextlib
 import re
 
 from .errors import BadInputError, DeviceUnavailableError
@@ -196,42 +195,10 @@ def load_numba_module(name: str):
     def load():
         numba = load_numba()
         mod = importlib.import_module(name)
-        with sleeping_openmp():  # where the pool loads its own OpenMP library (not the one torch loaded)
-            numba.get_num_threads()  # starts the pool; the count is set per thread, on the main one (numba_threads)
+        numba.get_num_threads()  # starts the pool; the count is set per thread, on the main one (numba_threads)
         return mod
 
     return off_main(load)
-
-
-_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-
-
-@contextlib.contextmanager
-def sleeping_openmp(apply: bool = True):
-    """An OpenMP library loaded inside this block (GNU OpenMP reads its environment once, when it loads: torch's
-    at `import torch`, which numba's parallel loops then share) makes its idle threads sleep instead of spinning:
-    OMP_WAIT_POLICY=PASSIVE for the block, unless the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (or `apply` is
-    false). Yields whether it set it. The variable is removed afterwards: child processes (an --eval-cmd) see the
-    user's environment.
-
-    Why: unset, each of the pool's threads spins for 300000 rounds (milliseconds) after every parallel loop, on a
-    core the merge engine's next step needs (its own piece threads, `_run_pieces`, which are not OpenMP). At two
-    threads, in one process on the benchmark's files, the spinning thread took 4.07 s of CPU in two DARE merges
-    (1.08 s passive), and DARE's masks (then a parallel loop) and merge ran at 1.05 ns per model and element
-    against 0.55 passive (1.0 on one thread). The engine's per-chunk loops are pieces now; torch's own parallel
-    ops remain (CA-magnitude's whole-tensor zeros: its merge 3.98-4.40 s, 3.58-3.99 passive). Small torch
-    training steps at two threads were slower passive (0.58-0.77 s against 0.79-1.01 s for 300 steps of an MLP):
-    commands that merge files ask for it (`CommandRun(passive_openmp=True)`), not all."""
-    import os
-
-    own = not apply or any(k in os.environ for k in _WAIT_ENV)
-    if not own:
-        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    try:
-        yield not own
-    finally:
-        if not own:
-            os.environ.pop("OMP_WAIT_POLICY", None)
 
 
 def compiles_off_main(dispatcher):
