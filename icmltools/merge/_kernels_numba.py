@@ -1361,7 +1361,7 @@ def _windows_sum(counts, part, lo_counts, NB, s0, w0, s1, W):
 
 def mark_above_tau(raw, base, thr, taken):
     """taken |= |tau| > thr with tau = raw - base computed on the fly (CA-magnitude's scan), in pieces
-    (_run_pieces: no OpenMP loop between the engine's pieces, see _mark_piece)."""
+    (_run_pieces, not `prange`: see _pjit)."""
     _run_pieces(_mark_piece, _n_pieces(raw.shape[0], 1), 0, (raw, base, np.float32(thr), taken))
 
 
@@ -1374,8 +1374,9 @@ def _mark_piece(p, T, phase, raw, base, t, taken):
 
 @_jit
 def _mark_span(raw, base, t, taken):
-    """mark_above_tau over one piece's slices (a loop over slices vectorises: 0.10 ns per element, against 0.94
-    indexing the whole arrays from lo to hi)."""
+    """mark_above_tau over one piece's slices: a loop over slices vectorises (2^21 bf16 elements, two threads:
+    0.15 ns per element with the pieces' hand-off, against 0.94 indexing the whole arrays from lo to hi, and 0.10
+    for the parallel loop this replaced)."""
     for j in range(raw.shape[0]):
         taken[j] = taken[j] | (abs(as_f32(raw, j) - as_f32(base, j)) > t)
 
