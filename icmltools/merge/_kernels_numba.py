@@ -39,10 +39,11 @@ def _jit(fn, parallel=False):
 def _pjit(fn):
     """A loop spread over numba's threads (`prange`; :func:`icmltools.core.device.set_threads` sizes them): each
     element, block or piece is computed by the same serial code whatever the thread count, so the results do
-    not depend on it (the reductions are integer counts). Not in a merge's per-chunk path: there a loop goes in
-    pieces (:func:`_run_pieces`), as the one-pass loops do. numba's parallel loops run on torch's OpenMP, whose
-    idle threads spin after each loop on the core the next pieces need (DARE 2.60-2.71 -> 2.04-2.23 s,
-    magnitude 2.94-3.04 -> 2.49-2.71, CA-magnitude 4.75-4.89 -> 3.98-4.28, two threads; docs/merge-engine.md)."""
+    not depend on it (the reductions are integer counts). Not inside a one-pass merge, whose loops go in pieces
+    (:func:`_run_pieces`): numba's parallel loops run on torch's OpenMP, whose idle threads spin after each loop
+    on the core the next pieces need (as pieces: DARE 2.60-2.71 -> 2.04-2.23 s, magnitude 2.94-3.04 -> 2.49-2.71,
+    CA-magnitude 4.75-4.89 -> 3.98-4.28, two threads). The model-by-model path runs these loops back to back,
+    where the spinning helps (docs/merge-engine.md, Decisions)."""
     return _jit(fn, parallel=True)
 
 
