@@ -222,6 +222,61 @@ print(seen["raised_while_running"], off_main(lambda: threading.current_thread().
 '''
 
 
+_NOTICE = '''
+import logging, os, signal, sys, threading, time
+import icmltools.core.device as D
+
+h = logging.StreamHandler(sys.stderr)
+h.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+logging.getLogger("icmltools").addHandler(h)
+logging.getLogger("icmltools").setLevel(logging.INFO)
+D.COMPILE_NOTICE_AFTER = 0.05
+D.off_main(time.sleep, 0.3, notice="slow work")  # announced: information, stderr is a pipe here
+D.off_main(time.sleep, 0.3, notice="slow work")  # not again in this process
+D.off_main(lambda: None, notice="fast work")  # done before the notice is due
+D._stderr_is_terminal = lambda: True
+D.off_main(time.sleep, 0.3, notice="slow on a terminal")  # a warning
+release, seen = threading.Event(), {}
+
+
+def work():
+    os.kill(os.getpid(), signal.SIGINT)
+    release.wait(30)
+    seen["finished"] = True
+
+
+try:
+    D.off_main(work, notice="interrupted work")
+except KeyboardInterrupt:
+    seen["raised_while_running"] = "finished" not in seen
+release.set()
+D.COMPILE_NOTICE_AFTER = 0.0  # a real compile, through numba_jit's dispatcher
+
+
+def f(x):
+    return x + 1
+
+
+fn = D.numba_jit(f)[0]  # a script of -c: no cache folder for it, compiled in this process
+print(seen["raised_while_running"], fn(2))
+'''
+
+
+def test_a_long_compile_is_announced_once_and_a_ctrl_c_still_stops_its_wait(tmp_path):
+    """off_main with a notice (numba's compiles, through numba_jit): work still running after
+    COMPILE_NOTICE_AFTER seconds logs the notice once per process on the `icmltools` logger (a warning where
+    stderr is a terminal, else information), work done sooner logs nothing, and a Ctrl-C in the wait is raised
+    at once as without it."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    p = subprocess.run([sys.executable, "-c", _NOTICE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["True", "3"]
+    assert p.stderr.splitlines() == [  # the interrupt came before its notice was due
+        "INFO slow work", "WARNING slow on a terminal",
+        "WARNING compiling a loop for new argument types with numba (once: cached for later runs)"]
+
+
 def test_ctrl_c_during_a_compile_is_raised_on_the_main_thread_at_once():
     """off_main: the main thread's wait raises KeyboardInterrupt while the work still runs in the compiling
     thread (which then goes on: the next work runs there too)."""

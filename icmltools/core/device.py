@@ -202,16 +202,23 @@ def load_numba_module(name: str):
 
 
 def compiles_off_main(dispatcher):
-    """Make a numba function compile, or load from numba's cache, in the compiling thread (:func:`off_main`)."""
+    """Make a numba function compile, or load from numba's cache, in the compiling thread (:func:`off_main`); a
+    compile still running after COMPILE_NOTICE_AFTER seconds is announced once (off_main's `notice`: a cached
+    load takes milliseconds, a compile of the merge loops 10-30 s, during which a command's progress stands
+    still)."""
     own = dispatcher.compile
-    dispatcher.compile = lambda sig: off_main(own, sig)
+    parts = getattr(getattr(dispatcher, "py_func", None), "__module__", "").split(".")
+    what = f"the {parts[1]} loops" if len(parts) > 2 and parts[0] == "icmltools" else "a loop"
+    notice = f"compiling {what} for new argument types with numba (once: cached for later runs)"
+    dispatcher.compile = lambda sig: off_main(own, sig, notice=notice)
     return dispatcher
 
 
 _COMPILER: list = []
+COMPILE_NOTICE_AFTER = 2.0  # seconds a compile runs before off_main's `notice` is logged
 
 
-def off_main(fn, *args):
+def off_main(fn, *args, notice: str | None = None):
     """fn(*args) in one helper thread (the compiling thread) while the main thread waits, so that Ctrl-C is
     raised in that wait, never inside numba or llvmlite; called from any other thread, or within a compile
     (numba's compiler lock held), it runs where it is.
@@ -223,7 +230,10 @@ def off_main(fn, *args):
     reproduced by raising KeyboardInterrupt in that callback). After a Ctrl-C in the wait the helper finishes its
     work alone while the command unwinds (the console entry point then ends the process at once: `commands.cli`);
     llvmlite serialises every call into LLVM with its own lock, so an LLVM object the main thread frees meanwhile
-    waits its turn."""
+    waits its turn. With `notice`, a call still running after COMPILE_NOTICE_AFTER seconds logs it on the
+    `icmltools` logger, from the waiting main thread, once per process and text: a warning where stderr is a
+    terminal (a command shows it unless -q), else information (shown with -v; a bad input's one `Error:` line
+    stays the only one)."""
     import sys
     import threading
 
@@ -235,7 +245,34 @@ def off_main(fn, *args):
         from concurrent.futures import ThreadPoolExecutor
 
         _COMPILER.append(ThreadPoolExecutor(1, "numba-compile"))
-    return _COMPILER[0].submit(fn, *args).result()
+    fut = _COMPILER[0].submit(fn, *args)
+    if notice is not None:
+        from concurrent.futures import TimeoutError as Pending
+
+        try:
+            return fut.result(timeout=COMPILE_NOTICE_AFTER)
+        except Pending:
+            if notice not in _NOTICED:  # once per process
+                import logging
+
+                _NOTICED.add(notice)
+                level = logging.WARNING if _stderr_is_terminal() else logging.INFO
+                logging.getLogger(__name__).log(level, notice)
+    return fut.result()
+
+
+_NOTICED: set = set()
+
+
+def _stderr_is_terminal() -> bool:
+    """Whether stderr is a terminal: off_main's notice is then a warning (shown unless -q), else information
+    (shown with -v), as a command's progress bars are drawn on a terminal only."""
+    import sys
+
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
 
 
 def numba_threads() -> None:
