@@ -437,6 +437,12 @@ class CommandRun:
         logger.addHandler(h)
         logger.setLevel(level)
         logger.propagate = False
+        from icmltools.core.device import NOTICE_LOGGER  # standard library only
+
+        # a long compile's notice is progress: shown where the bars are drawn (a terminal, not -q), else with -v;
+        # set on every run, so one run's terminal does not carry over to the next in this process
+        shown = not self.quiet and self.console.is_terminal
+        logging.getLogger(NOTICE_LOGGER).setLevel(logging.INFO if shown else logging.NOTSET)
 
     @property
     def console(self):

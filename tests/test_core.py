@@ -237,6 +237,39 @@ def test_summary_table_on_a_terminal_only_and_json_unchanged(monkeypatch):
     assert r.exit_code == 0 and "smooth" not in buf.getvalue()
 
 
+def test_a_compile_notice_shows_where_progress_bars_do(monkeypatch):
+    """core.device.off_main's notice (a long numba compile) is information on NOTICE_LOGGER: a command shows it on a
+    terminal unless -q, as its progress bars, and elsewhere only with -v; one run's terminal does not carry over
+    to the next run in the same process (so a bad input's one Error line stays alone in a pipe)."""
+    import io
+    import logging
+
+    from rich.console import Console
+
+    from icmltools.core.device import NOTICE_LOGGER
+
+    @common.command("nt")
+    @common.standard_options(seed=False)
+    @click.pass_context
+    def nt(ctx, quiet, verbose):
+        with common.CommandRun(ctx, "nt", packages=()) as run:
+            logging.getLogger(NOTICE_LOGGER).info("compiling the test loops")
+            run.result = {"x": 1}
+
+    def shown(args, terminal):
+        buf = io.StringIO()
+        con = Console(file=buf, force_terminal=terminal, width=100)
+        monkeypatch.setattr(common, "stderr_console", lambda quiet=False: con)
+        r = _invoke(nt, args)
+        assert r.exit_code == 0 and json.loads(r.stdout)["result"] == {"x": 1}
+        return "compiling the test loops" in buf.getvalue()
+
+    assert shown([], terminal=True)
+    assert not shown([], terminal=False)  # after a terminal run in this process
+    assert not shown(["-q"], terminal=True)
+    assert shown(["-v"], terminal=False)
+
+
 def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
     import subprocess
     import sys

@@ -230,10 +230,9 @@ def off_main(fn, *args, notice: str | None = None):
     reproduced by raising KeyboardInterrupt in that callback). After a Ctrl-C in the wait the helper finishes its
     work alone while the command unwinds (the console entry point then ends the process at once: `commands.cli`);
     llvmlite serialises every call into LLVM with its own lock, so an LLVM object the main thread frees meanwhile
-    waits its turn. With `notice`, a call still running after COMPILE_NOTICE_AFTER seconds logs it on the
-    `icmltools` logger, from the waiting main thread, once per process and text: a warning where stderr is a
-    terminal (a command shows it unless -q), else information (shown with -v; a bad input's one `Error:` line
-    stays the only one)."""
+    waits its turn. With `notice`, a call still running after COMPILE_NOTICE_AFTER seconds logs it as information
+    on NOTICE_LOGGER, from the waiting main thread, once per process and text (a command shows it as it draws
+    its progress bars, on a terminal only: `commands.common.CommandRun`; elsewhere with -v)."""
     import sys
     import threading
 
@@ -256,23 +255,12 @@ def off_main(fn, *args, notice: str | None = None):
                 import logging
 
                 _NOTICED.add(notice)
-                level = logging.WARNING if _stderr_is_terminal() else logging.INFO
-                logging.getLogger(__name__).log(level, notice)
+                logging.getLogger(NOTICE_LOGGER).info(notice)
     return fut.result()
 
 
 _NOTICED: set = set()
-
-
-def _stderr_is_terminal() -> bool:
-    """Whether stderr is a terminal: off_main's notice is then a warning (shown unless -q), else information
-    (shown with -v), as a command's progress bars are drawn on a terminal only."""
-    import sys
-
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):  # replaced or closed
-        return False
+NOTICE_LOGGER = __name__  # off_main's notices (progress, not a warning: a command decides where they show)
 
 
 def numba_threads() -> None:
