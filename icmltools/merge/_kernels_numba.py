@@ -2490,6 +2490,17 @@ def _marked_impl(tv2, cw, bs, rs, los, wds, los2, wds2, his2, pp, ab):
 
 
 @_jit
+def _list_marked(q, bits, idx):
+    """idx[:c] = the positions j of q (uint8 marks) with q[j] & bits nonzero, in order, without a branch per
+    position; returns c (deferred pass: the positions in a window; deferred select: a model's entries)."""
+    c = 0
+    for j in range(q.shape[0]):
+        idx[c] = j
+        c += (q[j] & bits) != np.uint8(0)
+    return c
+
+
+@_jit
 def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
                     los2, wds2, his2, ab, tv2, tf2, pos, pat, vals, m, cap):
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
@@ -2523,10 +2534,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         c = _marked(tv2, cw, base[s:e], rs, los, wds, los2, wds2, his2, pp[:L], ab)
         if c == 0:
             continue
-        hits = 0
-        for j in range(L):  # the positions in a window, branch-free
-            idx[hits] = j
-            hits += pp[j] != np.uint8(0)
+        hits = _list_marked(pp[:L], np.uint8(0xFF), idx)  # the positions in a window
         if m + hits > cap:  # the marks' own count: the stores stay inside the piece's share whatever c says
             return bad, nz, bo, -1
         for i in range(hits):
@@ -2618,11 +2626,7 @@ def _select_piece(k, T, phase, vals, pat, starts, ends, los, wds, ks, above, thr
         bs = vals[0, starts[p]:ends[p]]
         ps = pat[starts[p]:ends[p]]
         for s in range(0, ps.shape[0], _BLOCK):
-            q = ps[s:min(ps.shape[0], s + _BLOCK)]
-            c = np.int32(0)
-            for e in range(q.shape[0]):
-                idx[c] = e
-                c = _inc(c, (q[e] & bit) != np.uint8(0))
+            c = _list_marked(ps[s:min(ps.shape[0], s + _BLOCK)], bit, idx)
             for i in range(c):
                 e = s + idx[i]
                 u = _f32_as_u32(abs(as_f32(xs, e) - as_f32(bs, e)))
