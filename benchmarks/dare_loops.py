@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from icmltools.core.device import set_threads
+    from icmltools.core.device import numba_wide_vectors, set_threads
     from icmltools.merge import kernels as K
 
     if not K.available():
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     import numba
 
     print(json.dumps({"models": k, "numel": n, "density": args.density, "threads": args.threads,
-                      "numba_cpu_features_set": numba.config.CPU_FEATURES is not None,
+                      "numba_cpu_features_set": numba.config.CPU_FEATURES is not None,  # by the user or by us:
+                      "numba_512_bit": numba_wide_vectors(),  # ours (core.device._wide_vectors)
                       "generated": args.base is None, "results": res}, indent=1))
     return 0
 

@@ -15,7 +15,8 @@ the output afterwards is not timed (it was until 2026-12-02: 0.07-0.2 s of each 
 second floor, `read_write`: the same read plus writing one model-sized output through the same writer (what every
 merge must also do), and each method's ratio to it. `kernels_load_seconds`: numba's import and first cached loop
 (once per process, inside `seconds`); `ratio_to_read_after_load` leaves it out (context: a process that merges
-more than once pays it once). `--repeat R` runs R rounds over every row and keeps each row's fastest run (a shared
+more than once pays it once). `numba_512_bit`: whether the merge's loops were compiled with 512-bit vectors
+preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `--repeat R` runs R rounds over every row and keeps each row's fastest run (a shared
 host's noise only slows a run; every run's seconds are listed). Prints one JSON document.
 """
 from __future__ import annotations
@@ -132,7 +133,7 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_ele
 
     import icmltools.cabs.methods  # noqa: F401  (registers cabs, bs, ca_magnitude)
     import icmltools.merge.methods  # noqa: F401
-    from icmltools.core.device import set_threads
+    from icmltools.core.device import numba_wide_vectors, set_threads
     from icmltools.merge import engine as E
     from icmltools.taskvec import CheckpointWriter, open_checkpoint
 
@@ -179,7 +180,7 @@ def child(mode: str, folder: Path, fmt: str, n: int, threads: int = 1, chunk_ele
         kw = {} if chunk_elems is None else {"chunk_elems": chunk_elems}  # None: the engine's default
         E.merge_to_checkpoint(base, models, E.make_plan(mode, n, **kw), 1.0, out)
     dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-    extra = {} if mode in ("read", "read_write") else _selections()
+    extra = {} if mode in ("read", "read_write") else {**_selections(), "numba_512_bit": numba_wide_vectors()}
     if mode != "read":  # the benchmark's own clean-up, not timed (deleting a 1 GB file took 0.07-0.2 s here)
         shutil.rmtree(out, ignore_errors=True) if out.is_dir() else out.unlink()
         Path(str(out) + ".json").unlink(missing_ok=True)

@@ -303,6 +303,63 @@ def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole(
     assert out.stdout.split() == ["3", "True", "False", "False", "5.0", "6.0"]
 
 
+def test_wide_vectors_are_asked_for_only_on_avx512_and_only_where_nothing_was_chosen(monkeypatch):
+    """_wide_vectors sets numba's CPU features to the host's with `-prefer-256-bit` on a host with AVX-512 and
+    VBMI2 (Ice Lake on), once (a second call keeps them), and leaves them alone without those, where the user chose
+    a CPU name or features, and once numba's code generator exists."""
+    import types
+
+    pytest.importorskip("numba")
+    import llvmlite.binding as ll
+    import numba.core.registry as registry
+
+    from icmltools.core import device
+
+    def attempt(host, name=None, features=None, generated=False):
+        monkeypatch.setattr(device, "_WIDE_FEATURES", {})
+        monkeypatch.setattr(ll, "get_host_cpu_features", lambda: types.SimpleNamespace(flatten=lambda: host))
+        target = types.SimpleNamespace(**({"_toplevel_target_context": object()} if generated else {}))
+        monkeypatch.setattr(registry, "cpu_target", target)
+        fake = types.SimpleNamespace(config=types.SimpleNamespace(CPU_NAME=name, CPU_FEATURES=features))
+        first = device._wide_vectors(fake)
+        return first, device._wide_vectors(fake), fake.config.CPU_FEATURES
+
+    wide = "+64bit,+avx2,+avx512f,+avx512vbmi2,+fma"
+    assert attempt(wide) == (True, True, wide + ",-prefer-256-bit")
+    assert attempt("+64bit,+avx2,-avx512f,-avx512vbmi2,+fma") == (False, False, None)
+    assert attempt("+64bit,+avx2,+avx512f,-avx512vbmi2,+fma") == (False, False, None)  # Skylake / Cascade Lake
+    assert attempt(wide, name="generic") == (False, False, None)
+    assert attempt(wide, features="+avx2") == (False, False, "+avx2")
+    assert attempt(wide, generated=True) == (False, False, None)
+
+
+def test_numba_compiles_with_wide_vectors_where_the_host_has_avx512(tmp_path):
+    """Through the kernels' own seam, numba's code generator gets `-prefer-256-bit` exactly on a host with AVX-512
+    and VBMI2, and numba_wide_vectors says so; NUMBA_CPU_FEATURES set by the user is kept as given."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    code = ("import torch\n"
+            "from icmltools.merge import kernels as K; K.count_nonzero(torch.ones(3))\n"
+            "import llvmlite.binding as ll; from numba.core.registry import cpu_target\n"
+            "from icmltools.core.device import numba_wide_vectors as w\n"
+            "f = cpu_target.target_context.codegen()._tm_features.split(',')\n"
+            "h = ll.get_host_cpu_features().flatten().split(',')\n"
+            "print('+avx512f' in h and '+avx512vbmi2' in h, '-prefer-256-bit' in f, w(), len(f))")
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, **env})
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    avx512, wide, said, _ = run()
+    assert wide == said == avx512
+    assert run(NUMBA_CPU_FEATURES="+64bit,+sse2", NUMBA_CACHE_DIR=str(tmp_path))[1:] == ["False", "False", "2"]
+
+
 def test_numba_loads_cached_loops_without_its_registries_and_compiles_as_before():
     """A cached compiled loop loads without numba's registry refresh (numba.np.npyimpl, one of the modules it
     imports, stays unloaded), a later compile in the same process still works (it refreshes itself), and a lean
