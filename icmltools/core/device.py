@@ -152,7 +152,7 @@ def _wide_vectors(numba) -> bool:
     under 512-bit code), so our loops used half the width of the registers. They are element-wise streams, and
     512-bit vectors ran them faster on the two AVX-512 hosts measured (a Rocket Lake and an Emerald Rapids:
     docs/merge-engine.md), e.g. the in-memory TIES merge of 2^24 elements x 4 bf16 models 3.80-4.12 ns per
-    element against 4.51-5.31 (one thread, alternated). The gate is AVX512-VBMI2, which both have and the
+    element against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, which both have and the
     Skylake / Cascade Lake Xeons (the clock drops; not measured here) lack. Only LLVM's tuning changes: the loops
     have no fastmath and no float reductions, so the results are bitwise the same. The setting is numba's, for
     the whole process (numba code compiled later in it follows it); it is left alone where the user chose a CPU
