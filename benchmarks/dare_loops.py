@@ -84,11 +84,13 @@ def main(argv=None) -> int:
     thrs = np.full(k, K._dare_thr(p), np.int64)
     streams = [K.mt_stream(args.seed + i) for i in range(k)]
     mts = np.stack([s.mt for s in streams])
+    state = K.line_aligned_zeros(mts.shape, np.uint32)  # as kernels.dare_merge_raw hands them to dare_masks
     masks = np.empty((k, n), np.uint8)
     buf = torch.empty(K.MAX_ONE_PASS * n, dtype=torch.uint8)
 
     def draw():
-        km.dare_masks(mts.copy(), np.full(k, 624, np.int64), thrs, masks)
+        state[:] = mts
+        km.dare_masks(state, np.full(k, 624, np.int64), thrs, masks)
 
     draw()
 

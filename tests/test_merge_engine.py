@@ -1228,6 +1228,29 @@ def test_compiled_dare_stream_draws_torch_rand_numbers(seed):
 
 
 @needs_numba
+def test_dare_draws_from_states_on_their_own_cache_lines(monkeypatch, tmp_path):
+    """A DARE merge hands dare_masks the models' MT19937 states in one C-ordered array starting on a 64-byte line,
+    624 words (39 lines) a row, so the threads twisting neighbouring rows share no line (numpy's own 16-byte
+    alignment made them: false sharing); line_aligned_zeros gives such zeros for any shape and dtype."""
+    for shape, dtype in (((4, 624), np.uint32), ((3, 5), np.float64), ((7,), np.uint8)):
+        a = K.line_aligned_zeros(shape, dtype)
+        assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and not a.any()
+        assert a.ctypes.data % 64 == 0
+    km, seen = K._mod(), []
+    own = km.dare_masks
+
+    def spy(mts, poss, thrs, masks):
+        seen.append((mts.ctypes.data % 64, mts.strides, mts.flags.c_contiguous))
+        return own(mts, poss, thrs, masks)
+
+    monkeypatch.setattr(km, "dare_masks", spy)
+    base, models = _tied_models()
+    bs, ms = MemoryReader(base, name="base"), [MemoryReader(m, name=f"model{i}") for i, m in enumerate(models)]
+    E.merge_to_checkpoint(bs, ms, E.make_plan("dare", 3, chunk_elems=512), 1.0, tmp_path / "o.safetensors")
+    assert seen and set(seen) == {(0, (624 * 4, 4), True)}
+
+
+@needs_numba
 def test_compiled_loops_still_name_non_finite_tensors(tmp_path):
     base, models = _tied_models()
     models[1]["b"][700] = float("inf")  # float32 tensor, in the second chunk of 512
