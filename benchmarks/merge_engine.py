@@ -16,8 +16,9 @@ second floor, `read_write`: the same read plus writing one model-sized output th
 merge must also do), and each method's ratio to it. `kernels_load_seconds`: numba's import and first cached loop
 (once per process, inside `seconds`); `ratio_to_read_after_load` leaves it out (context: a process that merges
 more than once pays it once). `numba_512_bit`: whether the merge's loops were compiled with 512-bit vectors
-preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `--repeat R` runs R rounds over every row and keeps each row's fastest run (a shared
-host's noise only slows a run; every run's seconds are listed). Prints one JSON document.
+preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `--repeat R` runs R rounds over
+every row and keeps each row's fastest run (a shared host's noise only slows a run; every run's seconds are
+listed). Prints one JSON document.
 """
 from __future__ import annotations
 

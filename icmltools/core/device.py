@@ -152,13 +152,14 @@ def _wide_vectors(numba) -> bool:
     under 512-bit code), so our loops used half the width of the registers. They are element-wise streams, and
     512-bit vectors ran them faster on the two AVX-512 hosts measured (a Rocket Lake and an Emerald Rapids:
     docs/merge-engine.md), e.g. the in-memory TIES merge of 2^24 elements x 4 bf16 models 3.80-4.12 ns per
-    element against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, which both have and the
-    Skylake / Cascade Lake Xeons (the clock drops; not measured here) lack. Only LLVM's tuning changes: the loops
-    have no fastmath and no float reductions, so the results are bitwise the same. The setting is numba's, for
-    the whole process (numba code compiled later in it follows it); it is left alone where the user chose a CPU
-    or its features (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES: NUMBA_CPU_FEATURES set to the host's keeps LLVM's
-    tuning) and once numba's code generator exists (other numba code compiled first). numba keys its cache by
-    the features, so the two settings never load each other's code."""
+    element against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, new with Ice Lake's cores:
+    the Emerald Rapids host reports it, Rocket Lake's cores are Ice Lake's (by Intel's lists; that host was not
+    checked for it), and the Skylake / Cascade Lake Xeons (the clock drops; not measured here) lack it. Only
+    LLVM's tuning changes: the loops have no fastmath and no float reductions, so the results are bitwise the same.
+    The setting is numba's, for the whole process (numba code compiled later in it follows it); it is left alone
+    where the user chose a CPU or its features (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES: NUMBA_CPU_FEATURES set to the
+    host's keeps LLVM's tuning) and once numba's code generator exists (other numba code compiled first). numba keys
+    its cache by the features, so the two settings never load each other's code."""
     config = numba.config
     if "set" in _WIDE_FEATURES and config.CPU_FEATURES == _WIDE_FEATURES["set"]:
         return True
