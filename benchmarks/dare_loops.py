@@ -115,8 +115,8 @@ def main(argv=None) -> int:
     import numba
 
     print(json.dumps({"models": k, "numel": n, "density": args.density, "threads": args.threads,
-                      "numba_cpu_features_set": numba.config.CPU_FEATURES is not None,  # by the user, or:
-                      "numba_512_bit": numba_wide_vectors(),  # by core.device._wide_vectors
+                      "numba_cpu_features_set": numba.config.CPU_FEATURES is not None and not numba_wide_vectors(),
+                      "numba_512_bit": numba_wide_vectors(),  # set by core.device._wide_vectors, not the user
                       "generated": args.base is None, "results": res}, indent=1))
     return 0
 

@@ -316,7 +316,7 @@ def test_wide_vectors_are_asked_for_only_on_avx512_and_only_where_nothing_was_ch
     from icmltools.core import device
 
     def attempt(host, name=None, features=None, generated=False):
-        monkeypatch.setattr(device, "_WIDE_FEATURES", {})
+        monkeypatch.setattr(device, "_WIDE_FEATURES", None)
         monkeypatch.setattr(ll, "get_host_cpu_features", lambda: types.SimpleNamespace(flatten=lambda: host))
         target = types.SimpleNamespace(**({"_toplevel_target_context": object()} if generated else {}))
         monkeypatch.setattr(registry, "cpu_target", target)

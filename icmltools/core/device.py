@@ -160,8 +160,9 @@ def _wide_vectors(numba) -> bool:
     where the user chose a CPU or its features (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES: NUMBA_CPU_FEATURES set to the
     host's keeps LLVM's tuning) and once numba's code generator exists (other numba code compiled first). numba keys
     its cache by the features, so the two settings never load each other's code."""
+    global _WIDE_FEATURES
     config = numba.config
-    if "set" in _WIDE_FEATURES and config.CPU_FEATURES == _WIDE_FEATURES["set"]:
+    if _wide_in(config):
         return True
     if config.CPU_NAME is not None or config.CPU_FEATURES is not None:
         return False
@@ -177,7 +178,7 @@ def _wide_vectors(numba) -> bool:
         return False
     if not {"+avx512f", "+avx512vbmi2"} <= set(features.split(",")):
         return False
-    config.CPU_FEATURES = _WIDE_FEATURES["set"] = features + ",-prefer-256-bit"
+    config.CPU_FEATURES = _WIDE_FEATURES = features + ",-prefer-256-bit"
     return True
 
 
@@ -186,10 +187,15 @@ def numba_wide_vectors() -> bool:
     import sys
 
     numba = sys.modules.get("numba")
-    return numba is not None and "set" in _WIDE_FEATURES and numba.config.CPU_FEATURES == _WIDE_FEATURES["set"]
+    return numba is not None and _wide_in(numba.config)
 
 
-_WIDE_FEATURES: dict = {}
+def _wide_in(config) -> bool:
+    """Whether numba's `config` holds the features :func:`_wide_vectors` set."""
+    return _WIDE_FEATURES is not None and config.CPU_FEATURES == _WIDE_FEATURES
+
+
+_WIDE_FEATURES: str | None = None  # the features _wide_vectors gave numba (None: not set)
 
 
 def _cache_loads_without_refresh() -> None:
