@@ -529,6 +529,48 @@ def test_buffers_do_not_grow_with_the_number_of_models(monkeypatch):
         assert sizes[(name, 3)] <= 12 * 4000 * 4  # a few copies of the largest tensor
 
 
+def _anon_huge_kb(addr: int) -> int:
+    """AnonHugePages (kB) of the mapping of this process that holds `addr` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= addr < hi
+        elif inside and head == "AnonHugePages:":
+            return int(line.split()[1])
+    return 0
+
+
+def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages():
+    """The pool's CPU buffers of 4 MB or more lie on private anonymous memory of their own, 2 MB-aligned and
+    advised MADV_HUGEPAGE: on a kernel whose THP mode is not "never", their pages are huge once written (a shared
+    map, shmem, would get none in the "madvise" mode). Smaller buffers stay torch.empty's. The memory lives as
+    long as the tensor, whatever else is dropped."""
+    import gc
+    import mmap
+    import os
+
+    assert E.huge_page_empty((2 << 20) // 4 - 1, torch.float32) is None
+    pool = E.BufferPool()
+    t = pool.get("x", (3, 1 << 20), torch.float32)
+    assert t.shape == (3, 1 << 20) and t.dtype == torch.float32 and t.is_contiguous()
+    assert pool.get("x", (5,), torch.float32).data_ptr() == t.data_ptr()  # reused as before
+    b = E.huge_page_empty(3 << 20, torch.bfloat16)
+    assert b.dtype == torch.bfloat16 and b.numel() == 3 << 20 and b.data_ptr() % (1 << 21) == 0
+    del t
+    gc.collect()
+    x = pool.bufs["x"]
+    x.fill_(2.5)
+    assert float(x.sum()) == 2.5 * (3 << 20)
+    mode = "never"
+    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1].split("]")[0]
+    if mode == "never" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip(f"no transparent huge pages here (mode {mode})")
+    assert x.data_ptr() % (1 << 21) == 0 and _anon_huge_kb(x.data_ptr()) >= 2048
+
+
 def test_negmerge_registry_is_the_engine_classes():
     from icmltools.negmerge import merge as NM
 
