@@ -16,7 +16,9 @@ second floor, `read_write`: the same read plus writing one model-sized output th
 merge must also do), and each method's ratio to it. `kernels_load_seconds`: numba's import and first cached loop
 (once per process, inside `seconds`); `ratio_to_read_after_load` leaves it out (context: a process that merges
 more than once pays it once). `numba_512_bit`: whether the merge's loops were compiled with 512-bit vectors
-preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `--repeat R` runs R rounds over
+preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `transparent_hugepage`: the
+kernel's THP mode (the engine's large buffers ask for huge pages, which "madvise" and "always" serve; "never" and
+None: plain pages, more page faults for the one-pass top-k methods' whole tensors). `--repeat R` runs R rounds over
 every row and keeps each row's fastest run (a shared host's noise only slows a run; every run's seconds are
 listed). Prints one JSON document.
 """
@@ -204,6 +206,15 @@ def fresh_memory_rate(gb: float = 0.5) -> float:
     return round(gb / dt, 2)
 
 
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), None where it has none."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
 def _engine_chunk() -> int:
     from icmltools.merge.options import CHUNK_ELEMS  # standard library only
 
@@ -304,7 +315,7 @@ def main(argv=None) -> None:
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
                  "chunk_elems": a.chunk_elems or _engine_chunk(),
                  "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},
-                 "fresh_memory_gb_per_s": fresh_memory_rate()}
+                 "fresh_memory_gb_per_s": fresh_memory_rate(), "transparent_hugepage": _thp_mode()}
     try:
         if not a.data:
             t0 = time.perf_counter()
