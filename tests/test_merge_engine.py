@@ -542,11 +542,11 @@ def _anon_huge_kb(addr: int) -> int:
     return 0
 
 
-def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages():
+def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
     """The pool's CPU buffers of 4 MB or more lie on private anonymous memory of their own, 2 MB-aligned and
     advised MADV_HUGEPAGE: on a kernel whose THP mode is not "never", their pages are huge once written (a shared
-    map, shmem, would get none in the "madvise" mode). Smaller buffers stay torch.empty's. The memory lives as
-    long as the tensor, whatever else is dropped."""
+    map, shmem, would get none in the "madvise" mode). Smaller buffers stay torch.empty's, and so does a buffer
+    whose map is refused. The memory lives as long as the tensor, whatever else is dropped."""
     import gc
     import mmap
     import os
@@ -566,6 +566,13 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages():
     x = pool.bufs["x"]
     x.fill_(2.5)
     assert float(x.sum()) == 2.5 * (3 << 20)
+    with monkeypatch.context() as m:  # a map refused (an address-space limit): torch.empty's buffer instead
+        def refuse(*a, **k):
+            raise OSError(12, "Cannot allocate memory")
+
+        m.setattr(mmap, "mmap", refuse)
+        assert E.huge_page_empty(3 << 20, torch.float32) is None
+        assert E.BufferPool().get("y", (3 << 20,), torch.float32).numel() == 3 << 20
     mode = "never"
     if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
         mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1].split("]")[0]

@@ -367,7 +367,10 @@ def huge_page_empty(numel: int, dtype):
         return None
     # private anonymous memory (a shared map would be shmem, which THP's "madvise" mode leaves out), page-aligned:
     # one huge page more to align the span
-    m = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:  # refused (an address-space limit): torch.empty, which says so in its own words if it fails
+        return None
     a = np.frombuffer(m, np.uint8)  # keeps the map alive for as long as the tensor is
     off = -a.ctypes.data % _HUGE_PAGE
     try:
