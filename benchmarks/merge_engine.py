@@ -207,12 +207,9 @@ def fresh_memory_rate(gb: float = 0.5) -> float:
 
 
 def _thp_mode() -> str | None:
-    """The kernel's transparent huge page mode ("always", "madvise", "never"), None where it has none."""
-    try:
-        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    except OSError:
-        return None
-    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+    from icmltools.core.envinfo import thp_mode  # standard library only
+
+    return thp_mode()
 
 
 def _engine_chunk() -> int:

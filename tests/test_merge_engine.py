@@ -549,7 +549,8 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
     whose map is refused. The memory lives as long as the tensor, whatever else is dropped."""
     import gc
     import mmap
-    import os
+
+    from icmltools.core.envinfo import thp_mode
 
     assert E.huge_page_empty((2 << 20) // 4 - 1, torch.float32) is None
     if not hasattr(mmap, "MADV_HUGEPAGE"):  # not Linux: torch.empty's buffers
@@ -573,10 +574,7 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
         m.setattr(mmap, "mmap", refuse)
         assert E.huge_page_empty(3 << 20, torch.float32) is None
         assert E.BufferPool().get("y", (3 << 20,), torch.float32).numel() == 3 << 20
-    mode = "never"
-    if os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
-        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1].split("]")[0]
-    if mode == "never":
+    if thp_mode() in (None, "never"):
         pytest.skip("transparent huge pages are off here")
     assert x.data_ptr() % (1 << 21) == 0 and _anon_huge_kb(x.data_ptr()) >= 2048
 

@@ -26,6 +26,17 @@ def versions(packages: tuple[str, ...] = ("numpy", "torch")) -> dict:
     return out
 
 
+def thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise" or "never"; None where there is none, e.g. not
+    Linux): the merge engine's large buffers ask for huge pages, which "madvise" and "always" serve."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text.split("[", 1)[1].split("]", 1)[0] if "[" in text else None
+
+
 def full_report() -> dict:
     """Everything `icml env` prints: platform, every dependency's version, torch devices, threads."""
     import os
@@ -36,6 +47,7 @@ def full_report() -> dict:
         "platform": platform.platform(),
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
+        "transparent_hugepage": thp_mode(),
         "packages": {p: package_version(p) for p in _PACKAGES},
     }
     devices: dict = {"cpu": True, "cuda": [], "mps": False}
