@@ -206,12 +206,6 @@ def fresh_memory_rate(gb: float = 0.5) -> float:
     return round(gb / dt, 2)
 
 
-def _thp_mode() -> str | None:
-    from icmltools.core.envinfo import thp_mode  # standard library only
-
-    return thp_mode()
-
-
 def _engine_chunk() -> int:
     from icmltools.merge.options import CHUNK_ELEMS  # standard library only
 
@@ -309,10 +303,12 @@ def main(argv=None) -> None:
     if a.chunk_elems is not None and a.chunk_elems < 1:
         ap.error("--chunk-elems must be >= 1")
     folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
+    from icmltools.core.envinfo import thp_mode  # standard library only
+
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
                  "chunk_elems": a.chunk_elems or _engine_chunk(),
                  "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},
-                 "fresh_memory_gb_per_s": fresh_memory_rate(), "transparent_hugepage": _thp_mode()}
+                 "fresh_memory_gb_per_s": fresh_memory_rate(), "transparent_hugepage": thp_mode()}
     try:
         if not a.data:
             t0 = time.perf_counter()

@@ -351,8 +351,8 @@ _HUGE_PAGE = 1 << 21  # a transparent huge page on x86-64 (and arm64 with 4 KB p
 
 def huge_page_empty(numel: int, dtype):
     """An uninitialised CPU tensor of `numel` elements on anonymous memory of its own whose 2 MB-aligned span the
-    kernel is asked to back with transparent huge pages (madvise MADV_HUGEPAGE: Linux's default THP mode,
-    "madvise", serves only such regions), for the pool's buffers of 4 MB or more; None for smaller ones or where
+    kernel is asked to back with transparent huge pages (madvise MADV_HUGEPAGE: THP's "madvise" mode, this
+    host's, serves only such regions), for the pool's buffers of 4 MB or more; None for smaller ones or where
     the platform has no MADV_HUGEPAGE (then torch.empty). Fresh memory is faulted in page by page as the loops
     first write it: a TIES merge of the engine benchmark's files (base + 4 x 0.98 GB bf16, whole-tensor output
     slots) took 154K page faults and 0.39-0.50 s of system CPU in a fresh process, 14.5K and 0.25-0.36 s with huge
@@ -362,7 +362,7 @@ def huge_page_empty(numel: int, dtype):
     import numpy as np
     import torch
 
-    size = numel * torch.empty(0, dtype=dtype).element_size()
+    size = numel * dtype.itemsize
     if size < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         return None
     # private anonymous memory (a shared map would be shmem, which THP's "madvise" mode leaves out), page-aligned:
@@ -371,13 +371,13 @@ def huge_page_empty(numel: int, dtype):
         m = mmap.mmap(-1, size + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError:  # refused (an address-space limit): torch.empty, which says so in its own words if it fails
         return None
-    a = np.frombuffer(m, np.uint8)  # keeps the map alive for as long as the tensor is
-    off = -a.ctypes.data % _HUGE_PAGE
+    whole = np.frombuffer(m, np.uint8)  # keeps the map alive for as long as the tensor is
+    a = K.aligned_span(whole, size, _HUGE_PAGE)
     try:
-        m.madvise(mmap.MADV_HUGEPAGE, off, size // _HUGE_PAGE * _HUGE_PAGE)
+        m.madvise(mmap.MADV_HUGEPAGE, a.ctypes.data - whole.ctypes.data, size // _HUGE_PAGE * _HUGE_PAGE)
     except OSError:  # a kernel without THP: plain pages
         pass
-    return torch.from_numpy(a[off:off + size]).view(dtype)
+    return torch.from_numpy(a).view(dtype)
 
 
 def compute_dtype(dtype):

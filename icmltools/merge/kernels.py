@@ -736,9 +736,14 @@ def line_aligned_zeros(shape, dtype, line: int = 64):
     import numpy as np
 
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    buf = np.zeros(nbytes + line, np.uint8)
-    off = -buf.ctypes.data % line
-    return buf[off:off + nbytes].view(dtype).reshape(shape)
+    return aligned_span(np.zeros(nbytes + line, np.uint8), nbytes, line).view(dtype).reshape(shape)
+
+
+def aligned_span(buf, nbytes: int, align: int):
+    """The first `nbytes` of the uint8 array `buf` (at least nbytes + align long) that start on a multiple of
+    `align` bytes: a view."""
+    off = -buf.ctypes.data % align
+    return buf[off:off + nbytes]
 
 
 def dare_merge_raw(base, raws, streams, ps, weights, consensus: int, normalize: bool, rescale: bool, out, masks,
