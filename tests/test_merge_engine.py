@@ -1234,6 +1234,130 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
     assert spans["big"] == [(0, n)] and len(spans["half"]) == 2  # deferred: one chunk; float16: chunked
 
 
+def _ca_inputs(k_models, dtype, seed=9):
+    """A base and k_models fine-tuned copies of WINDOW_MIN + 4099 elements: Gaussian task vectors of growing
+    scale, the first on a grid of 2^-12 steps (|tau| ties by the thousand at any threshold)."""
+    g = torch.Generator().manual_seed(seed)
+    n = K.WINDOW_MIN + 4099
+    base = (torch.randn(n, generator=g) * 0.02).to(dtype)
+    raws = [(base.float() + torch.randn(n, generator=g) * 0.002 * (k + 1)).to(dtype) for k in range(k_models)]
+    raws[0] = (base.float() + (torch.randn(n, generator=g) * 8).round() / 4096).to(dtype)
+    return n, base, raws
+
+
+def _ca_scanned(raws, base, ks):
+    """CA-magnitude's thresholds as its scan finds them, model after model: the ks[k]-th largest |tau_k| with the
+    slots taken at 0 (radix_select_tau, the windows off), then the slots it keeps marked taken."""
+    taken = torch.zeros(base.numel(), dtype=torch.bool)
+    got = []
+    for r, k in zip(raws, ks):
+        got.append(K.radix_select_tau(r, base, [k], taken)[0][0][0])
+        assert K.mark_above_tau(r, base, got[-1], taken)
+    return got
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_ca_thresholds_in_one_pass_equal_the_scan_model_by_model(dtype, monkeypatch):
+    """kernels.ca_thresholds (every model's threshold from one pass over all of them and the entries it stores)
+    gives the thresholds of the scan model by model, exactly: equal and unequal densities, a model whose |tau| ties
+    by the thousand, the pass in several segments."""
+    n, base, raws = _ca_inputs(3, dtype)
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)  # the pass in 8 segments
+    monkeypatch.setattr(K, "WINDOW_MIN", 1 << 62)  # the reference's selections without windows
+    want = {}
+    for dens in ([0.2] * 3, [0.05, 0.4, 0.1], [0.3, 0.02, 0.25]):
+        ks = [n - int((1 - d) * n) for d in dens]
+        want[tuple(dens)] = ks, _ca_scanned(raws, base, ks)
+    monkeypatch.undo()
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)
+    for ks, thr in want.values():
+        before = dict(K.CA_THRESHOLDS)
+        assert K.ca_thresholds(base, raws, ks) == thr, ks
+        assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+        assert all(t > 0 for t in thr)
+
+
+@needs_numba
+def test_ca_thresholds_decline_what_they_cannot_place(monkeypatch):
+    """ca_thresholds runs only where it can: None (the scan model by model then decides) for a tensor below
+    WINDOW_MIN, a k of 0 or n, a threshold at 0 (the slots taken would count in its window), windows holding a
+    large share of the tensor, a non-finite task vector, a window that misses its threshold (its pass run, then
+    declined)."""
+    n, base, raws = _ca_inputs(3, torch.bfloat16)
+    ks = [n // 5] * 3
+    small = K.WINDOW_MIN - 1
+    before = dict(K.CA_THRESHOLDS)
+    assert K.ca_thresholds(base[:small], [r[:small] for r in raws], ks) is None
+    assert K.ca_thresholds(base, raws, [0, n // 5, n // 5]) is None
+    assert K.ca_thresholds(base, raws, [n, n // 5, n // 5]) is None
+    assert K.ca_thresholds(base, raws, [n // 2] * 3) is None  # the third model's threshold is 0
+    mostly_zero = base.clone()
+    mostly_zero[: n // 50] += 0.01
+    assert K.ca_thresholds(base, [mostly_zero, raws[1], raws[2]], ks) is None
+    assert K.CA_THRESHOLDS == before  # each declined before its pass
+    bad = raws[1].clone()
+    bad[n - 5] = float("nan")
+    assert K.ca_thresholds(base, [raws[0], bad, raws[2]], ks) is None
+    real = K.bucket_windows
+    for shift in (40, -40):  # a window above the threshold (too many above it), then below it (too few)
+        monkeypatch.setattr(K, "bucket_windows", lambda counts, ks_, n_, most, d=shift: [
+            (w[0] + d, w[1]) for w in real(counts, ks_, n_, most)])
+        assert K.ca_thresholds(base, raws, ks) is None
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 3, "found": before["found"]}
+
+
+@needs_numba
+def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monkeypatch):
+    """The engine's CA-magnitude scans a tensor of at least WINDOW_MIN elements read from files with one pass over
+    every model (ca_thresholds), a small one model by model, and a tensor whose pass is declined model by model
+    again: the written file and every figure of the summary equal the scan model by model's; in memory (views of
+    the held tensors) the same."""
+    n, b, raws = _ca_inputs(3, torch.bfloat16)
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
+    base = {"big": b, "small": b[:5000].clone()}
+    models = [{"big": r, "small": r[:5000].clone()} for r in raws]
+    write_state_dict(base, tmp_path / "base.safetensors")
+    for i, m in enumerate(models):
+        write_state_dict(m, tmp_path / f"m{i}.safetensors")
+
+    def merged(tag):
+        out = tmp_path / f"{tag}.safetensors"
+        st = E.merge_to_checkpoint(open_checkpoint(tmp_path / "base.safetensors"),
+                                   [open_checkpoint(tmp_path / f"m{i}.safetensors") for i in range(3)],
+                                   E.make_plan("ca_magnitude", 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.1]),
+                                   0.6, out, sign=-1)
+        d = st.summary(extended=True, per_tensor=True)
+        d.pop("seconds"), d.pop("read_gb_per_s")
+        return out.read_bytes(), d
+
+    from icmltools.cabs.methods import CAMagnitude
+
+    with monkeypatch.context() as mp:
+        mp.setattr(CAMagnitude, "scans_together", False)
+        before = dict(K.CA_THRESHOLDS)
+        want = merged("scanned")
+        assert K.CA_THRESHOLDS == before
+    got = merged("together")
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+    assert got == want
+    real = K.bucket_windows
+    with monkeypatch.context() as mp:  # every window misses: declined after its pass, then scanned model by model
+        mp.setattr(K, "bucket_windows", lambda counts, ks, n_, most=6: [(w[0] + 40, w[1])
+                                                                        for w in real(counts, ks, n_, most)])
+        again = merged("declined")
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 2, "found": before["found"] + 1}
+    assert again == want
+    plan = E.make_plan("ca_magnitude", 3)
+    before = dict(K.CA_THRESHOLDS)
+    mem = E.merge_state_dicts(base, models, plan)[0]  # in memory: views of the held tensors
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+    with monkeypatch.context() as mp:
+        mp.setattr(CAMagnitude, "scans_together", False)
+        ref = E.merge_state_dicts(base, models, plan)[0]
+    assert mem.keys() == ref.keys() and all(torch.equal(mem[k], ref[k]) for k in mem)
+
+
 @needs_numba
 def test_windowed_high_pass_adds_into_its_histograms():
     """hist_tau_windows adds its counts to the histograms it is given (as hist_hi_tau and hist_lo_tau do): twice

@@ -185,7 +185,8 @@ class CAMagnitude(_Pruned):
 
     The thresholds need whole tensors: :meth:`scan` sees each model's task vector in order and keeps a
     whole-tensor ``taken`` while finding them; the chunks then rebuild each mask from its threshold (for a
-    tensor of one chunk the engine interleaves scan(i) and add(i): the same masks)."""
+    tensor of one chunk the engine interleaves scan(i) and add(i): the same masks). On a large tensor
+    :meth:`scan_models_raw` finds every threshold in one pass over all the models instead."""
 
     name = "ca_magnitude"
     reference = REFERENCE + ", CA ablation with magnitude pruning (RoBERTa code)"
@@ -225,6 +226,27 @@ class CAMagnitude(_Pruned):
         st.thr[i] = torch.tensor(got[0][0][0], dtype=torch.float32) if idx < st.numel else None
         if st.thr[i] is not None and not K.mark_above_tau(raw, base, float(st.thr[i]), st.scan_taken):
             return None  # cannot happen after radix_select_tau ran (same checks); the torch path would redo it
+        return 0
+
+    scans_together = True
+
+    def scan_models_raw(self, st, raws, base, wanted):
+        """:meth:`scan_raw` of every model in one pass (kernels.ca_thresholds: no histogram pass per model, no
+        taken row marked); None where it does not run or a threshold lies outside its sampled window."""
+        import torch
+
+        ks = []
+        for i in wanted:
+            idx = int((1 - st.plan.densities[i]) * st.numel)
+            if not 0 < idx < st.numel:
+                return None
+            ks.append(st.numel - idx)
+        thr = K.ca_thresholds(base, raws, ks, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                              release=st.release)
+        if thr is None:
+            return None
+        for i, t in zip(wanted, thr):
+            st.thr[i] = torch.tensor(t, dtype=torch.float32)
         return 0
 
     one_pass = True

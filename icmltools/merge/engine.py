@@ -151,6 +151,16 @@ class MergeMethod(abc.ABC):
         handled (then :meth:`scan` gets tau)."""
         return None
 
+    scans_together = False
+
+    def scan_models_raw(self, st: "TensorState", raws, base, wanted: Sequence[int]):
+        """Optional, with ``scans_together``: :meth:`scan_raw` of every wanted model at once, for a method whose
+        scan of a model depends on the models before it (CA-magnitude): their whole tensors as read (`raws`, views
+        of the mapped files, in the order fed) and the base's; ``st.release(a, b)`` drops the inputs' pages of
+        [a, b) once read. Returns 0 when every model's scan is done, or None (then they are scanned one at a
+        time)."""
+        return None
+
     def add_raw(self, st: "TensorState", raw, base, i: int, k: int, p: int):
         """Optional: model i's chunk as read (`raw`, the checkpoint's dtype) and the base chunk in the compute
         dtype, for a method that fuses tau = raw - base with its own work (a compiled loop). Returns the
@@ -928,6 +938,8 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
     """Feed each wanted model's whole task vector (after DARE) to the method's scan, one model at a time."""
     cd = st.dtype
     raw_b, b = _read(run, run.base, spec.name, spec, 0, spec.numel, "raw_base", True), None
+    if run.plan.dare_p == 0 and run.device == "cpu" and _scan_together(run, st, spec, raw_b, wanted):
+        return
     for i in wanted:
         raw = _read(run, run.models[i], spec.name, spec, 0, spec.numel, "raw_cand", True)
         if run.plan.dare_p == 0 and run.device == "cpu" and run.plan.method.scan_raw(st, raw, raw_b, i) == 0:
@@ -939,6 +951,24 @@ def _scan(run: _Run, st: TensorState, spec, wanted, diag: _Diagnosis) -> None:
         if run.plan.dare_p > 0:
             tau = dare_tensor(tau, run.plan.dare_p, dare_generator(run.plan.seed, spec.name, i, run.device))
         run.plan.method.scan(st, tau, i)
+
+
+def _scan_together(run: _Run, st: TensorState, spec, raw_b, wanted) -> bool:
+    """The method's scan of every wanted model in one call (:meth:`MergeMethod.scan_models_raw`), where each
+    model's reader offers a view of the whole tensor (no buffer per model: memory independent of the model
+    count); whether it was done."""
+    m = run.plan.method
+    if not (m.scans_together and wanted):
+        return False
+    raws = [run.models[i].view_range(spec.name, 0, spec.numel) for i in wanted]
+    if any(r is None for r in raws):
+        return False
+    readers = [run.base] + [run.models[i] for i in wanted]
+    st.release = lambda a, b: [r.release_range(spec.name, a, b) for r in readers]
+    try:
+        return m.scan_models_raw(st, raws, raw_b, wanted) == 0
+    finally:
+        st.release = None
 
 
 def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, whole: bool,

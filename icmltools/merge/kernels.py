@@ -828,6 +828,116 @@ def ca_merge_raw(base, raws, thresholds, weights, out, emit=None):
     return int(bad), int(nz), pairs, _emitted(bo, e)
 
 
+CA_THRESHOLDS = {"tried": 0, "found": 0}  # ca_thresholds run, and those whose thresholds all lay in their windows
+
+
+def ca_thresholds(base, raws, ks, buf=None, release=None):
+    """CA-magnitude's thresholds for every model (in the models' order) in one pass over all of them, in place of
+    its scan model by model (a histogram pass over each tau, then a pass marking the slots each keeps): model k's
+    threshold is the ks[k]-th largest |x_k|, x_k = tau_k = float32(raws[k]) - base zeroed where an earlier model
+    kept (|x_j| > its threshold), as radix_select_tau(raws[k], base, [ks[k]], taken) gives it. A sample of the
+    tensor run through the same rule names each model's window (bucket_windows); the pass counts, per model, the
+    slots no earlier model can have kept whose |x_k| lies above the window, and stores the elements where a model
+    meets its window on such a slot (:func:`_kernels_numba.ca_scan`); the thresholds then come model after model
+    from those entries (ca_candidates, ca_taken). The list of thresholds (float32 values), or None: not run (a tensor below
+    WINDOW_MIN elements or past 2^31, a k outside (0, n), mixed dtypes, more than MAX_ONE_PASS models, a window
+    at bucket 0 or holding too many elements, a threshold outside its window, a non-finite element): the per-model
+    scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the pass goes
+    segment by segment)."""
+    import numpy as np
+    import torch
+
+    got = _one_pass(base, raws)
+    if got is None:
+        return None
+    b, rs = got
+    n, K = b.shape[0], len(rs)
+    if not WINDOW_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks):
+        return None
+    wins = _ca_windows(b, rs, ks, n)
+    if wins is None:
+        return None
+    los, wds, share = wins
+    his = los + wds
+    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
+    caps = [int((e - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, e in segs]
+    cap = sum(caps)
+    if buf is None:
+        def buf(key, numel, dt):
+            return torch.empty(numel, dtype=dt)
+    pat = _np(buf("defer_pat", cap, torch.uint8))
+    vals = _np(buf("defer_vals", cap * (K + 1), base.dtype)).reshape(K + 1, cap)
+    km = _mod()
+    CA_THRESHOLDS["tried"] += 1
+    above, first, ends, fill = np.zeros(K, np.int64), [], [], 0
+    for (a, e), c in zip(segs, caps):
+        bad, ab, p0, p1 = km.ca_scan(b[a:e], tuple(r[a:e] for r in rs), his, los, wds, pat[fill:fill + c],
+                                     vals[:, fill:fill + c])
+        if release is not None:
+            release(a, e)
+        if bad or (p1 < 0).any():
+            return None
+        above += ab
+        first.append(fill + p0)
+        ends.append(fill + p1)
+        fill += c
+    first, ends = np.concatenate(first), np.concatenate(ends)
+    M = int((ends - first).sum())
+    tk = _np(buf("ca_taken", M, torch.bool))
+    tk[:] = False
+    ub = _np(buf("ca_bits", M, torch.int32)).view(np.uint32)
+    fl = _np(buf("ca_window", M, torch.bool))
+    thr = np.zeros(K, np.uint32)
+    for k in range(K):  # model k's ks[k]-th largest: the r-th largest of its entries in the window
+        got, c = km.ca_candidates(vals, pat, first, ends, tk, k, his[k], los[k], wds[k], ub, fl)
+        r = ks[k] - above[k] - got
+        if not 0 < r <= c:  # the threshold lies outside the window
+            return None
+        cand = np.compress(fl, ub)  # not ub[fl]: 19 ms against 4.4 on 4.6M entries, a quarter of them set
+        cand.sort()  # not partition: |tau| ties by the 100,000 here (bf16), which made numpy's introselect take
+        thr[k] = cand[c - r]  # 9-14 ms on 0.8-1.2M candidates, its sort 1 ms
+        km.ca_taken(pat, first, ends, tk, k, ub, thr[k])
+    CA_THRESHOLDS["found"] += 1
+    return [float(t) for t in thr.view(np.float32)]
+
+
+def _ca_windows(b, rs, ks, n: int):
+    """(first bits, widths in bits (uint32 arrays), the sample's share of elements in some window) of each model's
+    window for ca_thresholds, from radix_select_tau's sample run through CA-magnitude: model k's |x_k| sampled
+    with the slots the sample's earlier thresholds kept at 0, the window around its quantile (bucket_windows),
+    then the sample's own ks[k] / n quantile as its threshold; None where a model gets no single window, one at
+    bucket 0 (the zeros of the kept slots would count in it), or the windows hold more than _DEFER_MOST."""
+    import numpy as np
+
+    starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+    at = (starts[:, None] + np.arange(_SAMPLE_WIDTH)).reshape(-1)
+
+    def f32(x):
+        return (x.astype(np.uint32) << 16).view(np.float32) if x.dtype == np.uint16 else x
+
+    base = f32(b[at])
+    S = at.size
+    taken = np.zeros(S, np.bool_)
+    los, wds, inside = [], [], np.zeros(S, np.bool_)
+    for r, k in zip(rs, ks):
+        u = np.abs(f32(r[at]) - base).view(np.uint32)
+        u[taken] = 0
+        w = bucket_windows(np.bincount(u >> 16, minlength=1 << 15), [k], n, most=1 << 15)  # no cap: no rows
+        if len(w) != 1 or w[0][0] == 0:
+            return None
+        (s, width), = w
+        los.append(s << 16)
+        wds.append(width << 16)
+        d = (u >> 16).astype(np.int64) - s
+        inside |= ~taken & (d >= 0) & (d < width)
+        q = min(S, max(1, round(k / n * S)))
+        taken |= u > np.partition(u, S - q)[S - q]
+    share = float(inside.mean())
+    if share > _DEFER_MOST:
+        return None
+    return np.array(los, np.uint32), np.array(wds, np.uint32), share
+
+
 def apply_raw(base, merged, lam: float, sign: int, out):
     """As :func:`apply` with the base chunk as read (bfloat16 or float32) instead of its float32 copy; nonzero
     where an output is not finite (0: all finite), or None when not run."""
