@@ -3036,6 +3036,36 @@ def _ca_span_impl(bs, rs, tv, ws, o, pt):
 # The thresholds then come one model after another from those entries (ca_candidates, ca_taken).
 
 
+@_jit
+def ca_sample(base, raws, starts, width, qs, us, counts):
+    """The sample of kernels._ca_windows run through CA-magnitude: us[k] = model k's |tau| bits over [a, a + width)
+    for each a of `starts`, in order, 0 where the sample's earlier models kept (|x_j| above the qs[j]-th largest
+    of us[j], the sample's own threshold); counts[k] += the histogram of us[k]'s high 16 bits."""
+    S = us.shape[1]
+    taken = np.zeros(S, np.bool_)
+    for k in range(len(raws)):
+        r = raws[k]
+        u = us[k]
+        h = counts[k]
+        i = 0
+        for a in starts:
+            for j in range(a, a + width):
+                x = _f32_as_u32(abs(as_f32(r, j) - as_f32(base, j)))
+                u[i] = np.uint32(0) if taken[i] else x
+                i += 1
+        for i in range(S):
+            h[u[i] >> np.uint32(16)] += 1
+        q = qs[k]  # the q-th largest: its bucket from the top, then its place among that bucket's values
+        above = 0
+        bk = h.shape[0] - 1
+        while above + h[bk] < q:
+            above += h[bk]
+            bk -= 1
+        inb = np.sort(u[(u >> np.uint32(16)) == np.uint32(bk)])
+        t = inb[inb.shape[0] - (q - above)]
+        for i in range(S):
+            taken[i] = taken[i] | (u[i] > t)
+
 def ca_scan(base, raws, his, los, wds, pat, vals):
     """The pass (see above) over one segment: model k's window is the |tau| bits u with u - los[k] < wds[k]
     (unsigned), his[k] = los[k] + wds[k]; pieces of whole blocks on threads (_run_pieces), each storing its entries

@@ -903,35 +903,27 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
 
 def _ca_windows(b, rs, ks, n: int):
     """(first bits, widths in bits (uint32 arrays), the sample's share of elements in some window) of each model's
-    window for ca_thresholds, from radix_select_tau's sample run through CA-magnitude: model k's |x_k| sampled
-    with the slots the sample's earlier thresholds kept at 0, the window around its quantile (bucket_windows),
-    then the sample's own ks[k] / n quantile as its threshold; None where a model gets no single window, one at
-    bucket 0 (the zeros of the kept slots would count in it), or the windows hold more than _DEFER_MOST."""
+    window for ca_thresholds, from radix_select_tau's sample run through CA-magnitude (_kernels_numba.ca_sample:
+    model k's |x_k| sampled with the slots the sample's earlier thresholds kept at 0, its own ks[k] / n quantile
+    as its threshold), the window around each quantile (bucket_windows); None where a model gets no single window,
+    one at bucket 0 (the zeros of the kept slots would count in it), or the windows hold more than _DEFER_MOST."""
     import numpy as np
 
     starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
-    at = (starts[:, None] + np.arange(_SAMPLE_WIDTH)).reshape(-1)
-
-    def f32(x):
-        return (x.astype(np.uint32) << 16).view(np.float32) if x.dtype == np.uint16 else x
-
-    base = f32(b[at])
-    S = at.size
-    taken = np.zeros(S, np.bool_)
+    S, K = _SAMPLE_BLOCKS * _SAMPLE_WIDTH, len(rs)
+    us, counts = np.empty((K, S), np.uint32), np.zeros((K, 1 << 15), np.int64)
+    qs = np.array([min(S, max(1, round(k / n * S))) for k in ks], np.int64)
+    _mod().ca_sample(b, rs, starts, _SAMPLE_WIDTH, qs, us, counts)
     los, wds, inside = [], [], np.zeros(S, np.bool_)
-    for r, k in zip(rs, ks):
-        u = np.abs(f32(r[at]) - base).view(np.uint32)
-        u[taken] = 0
-        w = bucket_windows(np.bincount(u >> 16, minlength=1 << 15), [k], n, most=1 << 15)  # no cap: no rows
+    for j, k in enumerate(ks):
+        w = bucket_windows(counts[j], [k], n, most=1 << 15)  # no cap: the pass stores entries, no rows
         if len(w) != 1 or w[0][0] == 0:
             return None
         (s, width), = w
         los.append(s << 16)
         wds.append(width << 16)
-        d = (u >> 16).astype(np.int64) - s
-        inside |= ~taken & (d >= 0) & (d < width)
-        q = min(S, max(1, round(k / n * S)))
-        taken |= u > np.partition(u, S - q)[S - q]
+        d = (us[j] >> 16).astype(np.int64) - s
+        inside |= (d >= 0) & (d < width)  # the slots taken are 0: outside any window (none at bucket 0)
     share = float(inside.mean())
     if share > _DEFER_MOST:
         return None
