@@ -3204,3 +3204,154 @@ def _ca_taken_span(pat, tk, on, ub, t):
     for e in range(pat.shape[0]):
         p = pat[e]
         tk[e] = tk[e] | ((p != np.uint8(0)) & (p <= on) & (ub[e] > t))
+
+
+# ------------------------------------------------------------------- CA-magnitude merged with its thresholds deferred
+# ca_merge_raw's pass and ca_scan's in one: each model keeps its |tau| above its window on a slot surely free, which
+# is what its threshold (in the window) keeps there, so a slot where no model meets its window has its final
+# result; where one does, the slot is stored (ca_scan's entry and its position), its result 0 until ca_fix merges
+# the stored entries again with the thresholds found from them.
+
+
+def ca_merge_deferred(base, raws, his, los, wds, wf, out, oraw, sc, emit, pat, pos, vals):
+    """The pass over one segment (see above): out[j] = the merged element (or, where `emit`, the output element
+    into oraw, block by block, and out is not touched), pat/pos/vals: the entries (pieces' shares, as ca_scan's), their result 0. Returns (non-finite flag,
+    nonzeros, the pieces' kept-bit byte histograms, non-finite output flag, each model's count of free slots above
+    its window, the pieces' first entries, their ends (-1: a piece's share overflowed))."""
+    K = len(raws)
+    T = _n_pieces(base.shape[0], _BLOCK)
+    cap = pat.shape[0]
+    h4 = np.zeros((4 * T, 256), np.int64)
+    ab = np.zeros((T, K), np.int64)
+    res = np.zeros((T, 4), np.int64)
+    _run_pieces(_ca_defer_piece, T, 0, (base, raws, his, los, wds, wf, out, oraw, sc, emit, h4, ab, pat, pos, vals,
+                                        cap, res))
+    starts = np.array([cap * p // T for p in range(T)], np.int64)
+    return res[:, 0].max(), res[:, 1].sum(), h4, res[:, 2].sum(), ab.sum(axis=0), starts, res[:, 3].copy()
+
+
+@_jit
+def _ca_defer_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, emit, h4, ab, pat, pos, vals, cap,
+                    res):
+    """Piece p of T of ca_merge_deferred (serial, run by _run_pieces): (non-finite flag, nonzeros, non-finite output
+    flag, end of its entries or -1) into res[p]."""
+    lo, hi = _piece(base.shape[0], p, T, _BLOCK)
+    m = cap * p // T
+    end = cap * (p + 1) // T
+    pt = np.empty(_BLOCK, np.uint8)
+    pp = np.empty(_BLOCK, np.uint8)
+    idx = np.empty(_BLOCK, np.int64)
+    ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
+    bad = np.uint32(0)
+    nz = 0
+    bo = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        L = e - s
+        rs = _slices(raws, s, e)
+        dst = ob[:L] if emit else out[s:e]
+        b, z, c = _ca_defer_span(base[s:e], rs, his, los, wds, wf, dst, pt[:L], pp[:L], ab[p])
+        _count_bytes(pt[:L], h4[4 * p:4 * p + 4])
+        bad = max(bad, b)
+        nz += z
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+        if c == 0:
+            continue
+        hits = _list_marked(pp[:L], np.uint8(0xFF), idx)
+        if m + hits > end:
+            m = -1
+            break
+        for i in range(hits):
+            j = idx[i]
+            pat[m] = pp[j]
+            pos[m] = s + j
+            vals[0, m] = base[s + j]
+            for k in range(len(rs)):
+                vals[1 + k, m] = rs[k][j]
+            m += 1
+    res[p, 0] = bad
+    res[p, 1] = nz
+    res[p, 2] = bo
+    res[p, 3] = m
+
+
+def _ca_defer_span(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+    """One block of ca_merge_deferred, the models written out (generated for their count when compiled): _ca_span's
+    element with "kept" = above the window on a slot surely free, and _ca_scan_span's marks and counts. Returns
+    (non-finite flag, nonzeros of o, positions marked)."""
+
+
+@overload(_ca_defer_span)
+def _ca_defer_span_impl(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+    K = len(rs)
+    lines = ["def f(bs, rs, his, los, wds, ws, o, pt, pp, ab):", "    zero = np.float32(0.0)",
+             "    bad = np.uint32(0)", "    nz = np.int32(0)", "    c = np.int32(0)"]
+    for k in range(K):
+        lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
+                  f"    w{k} = ws[{k}]", f"    a{k} = np.int32(0)"]
+    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        ok = True",
+              "        p = np.uint32(0)"]
+    for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
+        lines += [f"        x{k} = as_f32(r{k}, j) - b",
+                  f"        u = _f32_as_u32(abs(x{k}))",
+                  f"        up = u >= h{k}",
+                  f"        iw = np.uint32(u - l{k}) < d{k}",
+                  f"        k{k} = ok & up",
+                  f"        a{k} = _inc(a{k}, k{k})",
+                  f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))",
+                  "        ok = ok & (not (up | iw))",
+                  f"        v{k} = x{k} if k{k} else zero"]
+    lines.append("        g = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+    lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
+                                                for k in range(K)))
+    lines.append("        t = v0 * w0")
+    lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
+    lines += ["        o[j] = t", "        bad = max(bad, _flag(g + _nf(t)))", "        nz = _inc(nz, t != zero)",
+              "        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
+    lines += [f"    ab[{k}] += a{k}" for k in range(K)]
+    lines.append("    return bad, nz, c")
+    return _defined("\n".join(lines) + "\n")
+
+
+def ca_fix(vals, pos, first, ends, tv, wf, out, oraw, sc, emit):
+    """The stored entries of ca_merge_deferred merged again with the thresholds tv (float32; _ca_span, the same
+    loop as ca_merge_raw's, over the entries' rows) and their results put at their positions: out[pos] (or the
+    output elements into oraw where `emit`, from the base's values stored with them: the inputs' pages are
+    released by then, and reading the base at the positions faulted them in again). The regions on threads
+    (_run_pieces: each region is one piece's, its positions inside that piece's span). Returns (non-finite flag,
+    nonzeros, kept-bit byte histograms, non-finite output flag)."""
+    K = vals.shape[0] - 1
+    T = first.shape[0]
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_ca_fix_piece, T, 0, (vals, tuple(vals[1 + k] for k in range(K)), pos, first, ends, tv, wf, out, oraw,
+                                      sc, emit, h4, res))
+    return res[:, 0].max(), res[:, 1].sum(), h4, res[:, 2].max()
+
+
+@_jit
+def _ca_fix_piece(p, T, phase, vals, rows, pos, first, ends, tv, wf, out, oraw, sc, emit, h4, res):
+    """Region p of ca_fix: its entries by _ca_span in blocks, then their results put at their positions."""
+    o = np.empty(_BLOCK, np.float32)
+    pt = np.empty(_BLOCK, np.uint8)
+    bad = np.uint32(0)
+    nz = 0
+    bo = np.uint32(0)
+    b0 = vals[0]
+    for s in range(first[p], ends[p], _BLOCK):
+        e = min(ends[p], s + _BLOCK)
+        L = e - s
+        b, z = _ca_span(b0[s:e], _slices(rows, s, e), tv, wf, o[:L], pt[:L])
+        _count_bytes(pt[:L], h4[4 * p:4 * p + 4])
+        bad = max(bad, b)
+        nz += z
+        if emit:
+            for q in range(L):
+                bo = max(bo, np.uint32(put(oraw, pos[s + q], as_f32(b0, s + q) + o[q] * sc)))
+        else:
+            for q in range(L):
+                out[pos[s + q]] = o[q]
+    res[p, 0] = bad
+    res[p, 1] = nz
+    res[p, 2] = bo
