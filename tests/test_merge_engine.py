@@ -1279,51 +1279,42 @@ def test_ca_thresholds_in_one_pass_equal_the_scan_model_by_model(dtype, monkeypa
 
 
 @needs_numba
-@pytest.mark.parametrize("deferred", [False, True])
-def test_ca_thresholds_decline_what_they_cannot_place(monkeypatch, deferred):
-    """ca_thresholds, and the merge with them deferred (ca_merge_deferred), run only where they can: None (the scan
-    model by model then decides) for a tensor below WINDOW_MIN, a k of 0 or n, a threshold at 0 (the slots taken
-    would count in its window), windows holding a large share of the tensor, a non-finite task vector, a window
-    that misses its threshold (its pass run, then declined)."""
+def test_ca_thresholds_decline_what_they_cannot_place(monkeypatch):
+    """ca_thresholds runs only where it can: None (the scan model by model then decides) for a tensor below
+    WINDOW_MIN, a k of 0 or n, a threshold at 0 (the slots taken would count in its window), windows holding a
+    large share of the tensor, a non-finite task vector, a window that misses its threshold (its pass run, then
+    declined)."""
     n, base, raws = _ca_inputs(3, torch.bfloat16)
-    counter = K.CA_DEFERRED if deferred else K.CA_THRESHOLDS
-
-    def run(b, rs, ks):
-        if deferred:
-            return K.ca_merge_deferred(b, rs, ks, [1.0, -0.5, 2.0], torch.empty(b.numel()))
-        return K.ca_thresholds(b, rs, ks)
-
     ks = [n // 5] * 3
     small = K.WINDOW_MIN - 1
-    before = dict(counter)
-    assert run(base[:small], [r[:small] for r in raws], ks) is None
-    assert run(base, raws, [0, n // 5, n // 5]) is None
-    assert run(base, raws, [n, n // 5, n // 5]) is None
-    assert run(base, raws, [n // 2] * 3) is None  # the third model's threshold is 0
+    before = dict(K.CA_THRESHOLDS)
+    assert K.ca_thresholds(base[:small], [r[:small] for r in raws], ks) is None
+    assert K.ca_thresholds(base, raws, [0, n // 5, n // 5]) is None
+    assert K.ca_thresholds(base, raws, [n, n // 5, n // 5]) is None
+    assert K.ca_thresholds(base, raws, [n // 2] * 3) is None  # the third model's threshold is 0
     mostly_zero = base.clone()
     mostly_zero[: n // 50] += 0.01
-    assert run(base, [mostly_zero, raws[1], raws[2]], ks) is None
-    assert counter == before  # each declined before its pass
+    assert K.ca_thresholds(base, [mostly_zero, raws[1], raws[2]], ks) is None
+    assert K.CA_THRESHOLDS == before  # each declined before its pass
     bad = raws[1].clone()
     bad[n - 5] = float("nan")
-    assert run(base, [raws[0], bad, raws[2]], ks) is None
+    assert K.ca_thresholds(base, [raws[0], bad, raws[2]], ks) is None
     real = K.bucket_windows
     for shift in (40, -40):  # a window above the threshold (too many above it), then below it (too few)
         monkeypatch.setattr(K, "bucket_windows", lambda counts, ks_, n_, most, d=shift: [
             (w[0] + d, w[1]) for w in real(counts, ks_, n_, most)])
-        assert run(base, raws, ks) is None
-    assert counter == {"tried": before["tried"] + 3, "found": before["found"]}
+        assert K.ca_thresholds(base, raws, ks) is None
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 3, "found": before["found"]}
 
 
 @needs_numba
-def test_engine_merges_ca_magnitude_in_one_pass_bitwise(tmp_path, monkeypatch):
-    """The engine's CA-magnitude merges a tensor of at least WINDOW_MIN elements read from files in one pass, its
-    thresholds found in that pass (ca_merge_deferred); with the deferral off, it scans it in one pass over every
-    model (ca_thresholds), then merges; a small tensor goes model by model; a deferral whose windows miss is
-    declined, then scanned model by model and merged again. Every way, the written file and every figure of the
-    summary equal the scan model by model's; in memory (no output written by the loops) the same."""
+def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monkeypatch):
+    """The engine's CA-magnitude scans a tensor of at least WINDOW_MIN elements read from files with one pass over
+    every model (ca_thresholds), a small one model by model, and a tensor whose pass is declined model by model
+    again: the written file and every figure of the summary equal the scan model by model's; in memory (views of
+    the held tensors) the same."""
     n, b, raws = _ca_inputs(3, torch.bfloat16)
-    monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the passes in 5 segments
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
     base = {"big": b, "small": b[:5000].clone()}
     models = [{"big": r, "small": r[:5000].clone()} for r in raws]
     write_state_dict(base, tmp_path / "base.safetensors")
@@ -1342,39 +1333,27 @@ def test_engine_merges_ca_magnitude_in_one_pass_bitwise(tmp_path, monkeypatch):
 
     from icmltools.cabs.methods import CAMagnitude
 
-    def counts():
-        return dict(K.CA_DEFERRED), dict(K.CA_THRESHOLDS)
-
-    def added(before, deferred, together):
-        now = counts()
-        return [{k: now[j][k] - before[j][k] for k in ("tried", "found")} for j in (0, 1)] == [deferred, together]
-
     with monkeypatch.context() as mp:
         mp.setattr(CAMagnitude, "scans_together", False)
-        mp.setattr(CAMagnitude, "defers", lambda self, st: False)
-        before = counts()
+        before = dict(K.CA_THRESHOLDS)
         want = merged("scanned")
-        assert added(before, {"tried": 0, "found": 0}, {"tried": 0, "found": 0})
-        mp.setattr(CAMagnitude, "scans_together", True)
-        assert merged("together") == want
-        assert added(before, {"tried": 0, "found": 0}, {"tried": 1, "found": 1})
-    before = counts()
-    assert merged("deferred") == want
-    assert added(before, {"tried": 1, "found": 1}, {"tried": 0, "found": 0})
+        assert K.CA_THRESHOLDS == before
+    got = merged("together")
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+    assert got == want
     real = K.bucket_windows
     with monkeypatch.context() as mp:  # every window misses: declined after its pass, then scanned model by model
         mp.setattr(K, "bucket_windows", lambda counts, ks, n_, most=6: [(w[0] + 40, w[1])
                                                                         for w in real(counts, ks, n_, most)])
-        before = counts()
-        assert merged("declined") == want
-        assert added(before, {"tried": 1, "found": 0}, {"tried": 0, "found": 0})
-    plan = E.make_plan("ca_magnitude", 3, weights=[1.0, 0.5, -2.0])
-    before = counts()
-    mem = E.merge_state_dicts(base, models, plan)[0]  # in memory: views of the held tensors, no output written
-    assert added(before, {"tried": 1, "found": 1}, {"tried": 0, "found": 0})
+        again = merged("declined")
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 2, "found": before["found"] + 1}
+    assert again == want
+    plan = E.make_plan("ca_magnitude", 3)
+    before = dict(K.CA_THRESHOLDS)
+    mem = E.merge_state_dicts(base, models, plan)[0]  # in memory: views of the held tensors
+    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
     with monkeypatch.context() as mp:
         mp.setattr(CAMagnitude, "scans_together", False)
-        mp.setattr(CAMagnitude, "defers", lambda self, st: False)
         ref = E.merge_state_dicts(base, models, plan)[0]
     assert mem.keys() == ref.keys() and all(torch.equal(mem[k], ref[k]) for k in mem)
 

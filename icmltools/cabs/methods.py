@@ -199,7 +199,6 @@ class CAMagnitude(_Pruned):
         import torch
 
         st.thr = [None] * st.n
-        st.scanned = st.declined = False  # scanned: thresholds set; declined: the deferred pass gave up
         if str(st.device) == "cpu":  # zero pages from the OS (calloc), not torch's parallel fill, whose OpenMP
             import numpy as np  # threads then spin on the cores the engine's pieces need: CA-magnitude's merge
 
@@ -208,7 +207,6 @@ class CAMagnitude(_Pruned):
             st.scan_taken = torch.zeros(st.numel, dtype=torch.bool, device=st.device)
 
     def scan(self, st, tau, i):
-        st.scanned = True
         thr = P.magnitude_threshold(tau, st.plan.densities[i], st.scan_taken)
         st.thr[i] = thr
         if thr is not None and not K.mark_above(tau, float(thr), st.scan_taken):
@@ -219,7 +217,6 @@ class CAMagnitude(_Pruned):
         threshold of :func:`prune.magnitude_threshold`, then taken |= |tau| > it; no whole-tensor tau or |x|."""
         import torch
 
-        st.scanned = True
         idx = int((1 - st.plan.densities[i]) * st.numel)
         if idx <= 0:  # the smallest |x| (or nothing to keep): the torch path's select
             return None
@@ -233,52 +230,24 @@ class CAMagnitude(_Pruned):
 
     scans_together = True
 
-    def _ks(self, st, wanted):
-        """Each wanted model's threshold as a rank from the top (numel - idx), or None where one has no rank
-        inside (0, numel) (the per-model scan then decides)."""
+    def scan_models_raw(self, st, raws, base, wanted):
+        """:meth:`scan_raw` of every model in one pass (kernels.ca_thresholds: no histogram pass per model, no
+        taken row marked); None where it does not run or a threshold lies outside its sampled window."""
+        import torch
+
         ks = []
         for i in wanted:
             idx = int((1 - st.plan.densities[i]) * st.numel)
             if not 0 < idx < st.numel:
                 return None
             ks.append(st.numel - idx)
-        return ks
-
-    def scan_models_raw(self, st, raws, base, wanted):
-        """:meth:`scan_raw` of every model in one pass (kernels.ca_thresholds: no histogram pass per model, no
-        taken row marked); None where it does not run, a threshold lies outside its sampled window, or the merge's
-        own pass declined the same windows (:meth:`defers`)."""
-        import torch
-
-        ks = None if st.declined else self._ks(st, wanted)
-        thr = None if ks is None else K.ca_thresholds(
-            base, raws, ks, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
+        thr = K.ca_thresholds(base, raws, ks, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                              release=st.release)
         if thr is None:
             return None
         for i, t in zip(wanted, thr):
             st.thr[i] = torch.tensor(t, dtype=torch.float32)
-        st.scanned = True
         return 0
-
-    def defers(self, st):
-        """A large tensor is merged before any scan, its thresholds found in the merge's own pass
-        (kernels.ca_merge_deferred)."""
-        return st.numel >= K.WINDOW_MIN and str(st.device) == "cpu"
-
-    def _merge_deferred(self, st, raws, base, wanted):
-        import torch
-
-        ks = self._ks(st, wanted)
-        got = None if ks is None else K.ca_merge_deferred(
-            base, raws, ks, [st.plan.weights[i] for i in wanted], st.total, emit=st.emit,
-            buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
-        if got is None:
-            st.declined = True
-            return None
-        for i, t in zip(wanted, got[4]):
-            st.thr[i] = torch.tensor(t, dtype=torch.float32)
-        st.count_pairs(wanted, got[2])
-        return 0, st.total, got[1], got[3]
 
     one_pass = True
 
@@ -288,8 +257,6 @@ class CAMagnitude(_Pruned):
         None (fed model by model) where a weight is 0 or a threshold is not float32."""
         import torch
 
-        if not st.scanned:  # before any scan: the tensor is deferred
-            return self._merge_deferred(st, raws, base, wanted)
         thrs = [st.thr[i] for i in wanted]
         if any(t is not None and t.dtype != torch.float32 for t in thrs):
             return None

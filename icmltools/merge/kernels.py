@@ -881,29 +881,14 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         first.append(fill + p0)
         ends.append(fill + p1)
         fill += c
-    thr = _ca_resolve(km, vals, pat, np.concatenate(first), np.concatenate(ends), his, los, wds, ks, above, buf)
-    if thr is None:
-        return None
-    CA_THRESHOLDS["found"] += 1
-    return [float(t) for t in thr.view(np.float32)]
-
-
-def _ca_resolve(km, vals, pat, first, ends, his, los, wds, ks, above, buf):
-    """The thresholds (uint32 bits) from the entries of ca_scan or ca_merge_deferred (the pieces' regions [first[i],
-    ends[i]) of pat and vals; above: each model's count of free slots above its window), model after model: model
-    k's ks[k]-th largest |x_k| is the r-th largest of its entries in the window, r = ks[k] minus the slots above
-    it; None where that is outside the window."""
-    import numpy as np
-    import torch
-
-    K = len(ks)
+    first, ends = np.concatenate(first), np.concatenate(ends)
     M = int((ends - first).sum())
     tk = _np(buf("ca_taken", M, torch.bool))
     tk[:] = False
     ub = _np(buf("ca_bits", M, torch.int32)).view(np.uint32)
     fl = _np(buf("ca_window", M, torch.bool))
     thr = np.zeros(K, np.uint32)
-    for k in range(K):
+    for k in range(K):  # model k's ks[k]-th largest: the r-th largest of its entries in the window
         got, c = km.ca_candidates(vals, pat, first, ends, tk, k, his[k], los[k], wds[k], ub, fl)
         r = ks[k] - above[k] - got
         if not 0 < r <= c:  # the threshold lies outside the window
@@ -912,76 +897,8 @@ def _ca_resolve(km, vals, pat, first, ends, his, los, wds, ks, above, buf):
         cand.sort()  # not partition: |tau| ties by the 100,000 here (bf16), which made numpy's introselect take
         thr[k] = cand[c - r]  # 9-14 ms on 0.8-1.2M candidates, its sort 1 ms
         km.ca_taken(pat, first, ends, tk, k, ub, thr[k])
-    return thr
-
-
-CA_DEFERRED = {"tried": 0, "found": 0}  # ca_merge_deferred passes run, and those whose thresholds held
-
-
-def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release=None):
-    """ca_merge_raw over a whole tensor without the scan: the thresholds (as :func:`ca_thresholds` finds them)
-    found in the merge's own pass. Each model keeps its |tau| above its window on a slot no earlier model can have
-    kept: a slot where no model meets its window has its final result in the pass; the others are stored, and
-    merged again (_kernels_numba.ca_fix, ca_merge_raw's own loop) once the thresholds are found from them.
-    Bitwise ca_merge_raw with the scan's thresholds. (0, nonzeros, kept pairs, non-finite output flag or None,
-    the thresholds) or None: not run, or declined where ca_thresholds declines (the scan then decides, and the
-    chunk is merged again). `buf`, `release` as ca_thresholds'."""
-    import numpy as np
-    import torch
-
-    got = _one_pass(base, raws, out)
-    if got is None or not all(weights):
-        return None
-    b, rs = got
-    n, K = b.shape[0], len(rs)
-    if not WINDOW_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks):
-        return None
-    wins = _ca_windows(b, rs, ks, n)
-    if wins is None:
-        return None
-    los, wds, share = wins
-    his = los + wds
-    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
-    caps = [int((e - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, e in segs]
-    cap = sum(caps)
-    if buf is None:
-        def buf(key, numel, dt):
-            return torch.empty(numel, dtype=dt)
-    pat, pos = _np(buf("defer_pat", cap, torch.uint8)), _np(buf("defer_pos", cap, torch.int32))
-    vals = _np(buf("defer_vals", cap * (K + 1), base.dtype)).reshape(K + 1, cap)
-    e_args = _emit_args(base, emit)
-    o, (oraw, sc, emits) = _np(out).reshape(-1), _emit_flagged(b, e_args)
-    wf = np.asarray(weights, np.float64).astype(np.float32)
-    km = _mod()
-    CA_DEFERRED["tried"] += 1
-    above, first, ends, h4s, nz, bo, fill = np.zeros(K, np.int64), [], [], [], 0, 0, 0
-    for (a, e), c in zip(segs, caps):
-        got = km.ca_merge_deferred(b[a:e], tuple(r[a:e] for r in rs), his, los, wds, wf, o[a:e],
-                                   oraw[a:e] if emits else oraw, sc, emits, pat[fill:fill + c], pos[fill:fill + c],
-                                   vals[:, fill:fill + c])
-        if release is not None:
-            release(a, e)
-        if got[0] or got[3] or (got[6] < 0).any():
-            return None
-        nz, bo = nz + got[1], bo + got[3]
-        h4s.append(got[2])
-        above += got[4]
-        for p0, p1 in zip(got[5], got[6]):
-            pos[fill + p0:fill + p1] += a  # the segment's positions, made the tensor's
-        first.append(fill + got[5])
-        ends.append(fill + got[6])
-        fill += c
-    first, ends = np.concatenate(first), np.concatenate(ends)
-    thr = _ca_resolve(km, vals, pat, first, ends, his, los, wds, ks, above, buf)
-    if thr is None:
-        return None
-    tv = thr.view(np.float32)
-    bad, dnz, h4, bo2 = km.ca_fix(vals, pos, first, ends, tv, wf, o, oraw, sc, emits)
-    if bad:
-        return None
-    CA_DEFERRED["found"] += 1
-    pairs = km.pairs_of_hist(np.concatenate(h4s + [h4]).sum(axis=0), K)
-    return 0, int(nz + dnz), pairs, _emitted(bo + bo2, e_args), [float(t) for t in tv]
+    CA_THRESHOLDS["found"] += 1
+    return [float(t) for t in thr.view(np.float32)]
 
 
 def _ca_windows(b, rs, ks, n: int):
