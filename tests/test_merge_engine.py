@@ -1034,11 +1034,12 @@ def test_radix_select_tau_with_bucket_windows_equals_the_low_pass(counted, monke
     assert K.radix_select_tau(bad, base, [n // 5])[1] == 1
 
 
-def _deferred_inputs(k_models, dtype, seed=7):
-    """A base and k_models fine-tuned copies of DEFER_MIN + 4099 elements; the first one's task vector on a grid
-    of 2^-12 steps (|tau| ties by the thousand at any threshold), the others Gaussian of growing scale."""
+def _deferred_inputs(k_models, dtype, seed=7, least=None):
+    """A base and k_models fine-tuned copies of DEFER_MIN (or `least`) + 4099 elements; the first one's task
+    vector on a grid of 2^-12 steps (|tau| ties by the thousand at any threshold), the others Gaussian of growing
+    scale."""
     g = torch.Generator().manual_seed(seed)
-    n = K.DEFER_MIN + 4099
+    n = (K.DEFER_MIN if least is None else least) + 4099
     base = (torch.randn(n, generator=g) * 0.02).to(dtype)
     raws = [(base.float() + torch.randn(n, generator=g) * 0.002 * (k + 1)).to(dtype) for k in range(k_models)]
     raws[0] = (base.float() + (torch.randn(n, generator=g) * 8).round() / 4096).to(dtype)
@@ -1234,17 +1235,6 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
     assert spans["big"] == [(0, n)] and len(spans["half"]) == 2  # deferred: one chunk; float16: chunked
 
 
-def _ca_inputs(k_models, dtype, seed=9):
-    """A base and k_models fine-tuned copies of WINDOW_MIN + 4099 elements: Gaussian task vectors of growing
-    scale, the first on a grid of 2^-12 steps (|tau| ties by the thousand at any threshold)."""
-    g = torch.Generator().manual_seed(seed)
-    n = K.WINDOW_MIN + 4099
-    base = (torch.randn(n, generator=g) * 0.02).to(dtype)
-    raws = [(base.float() + torch.randn(n, generator=g) * 0.002 * (k + 1)).to(dtype) for k in range(k_models)]
-    raws[0] = (base.float() + (torch.randn(n, generator=g) * 8).round() / 4096).to(dtype)
-    return n, base, raws
-
-
 def _ca_scanned(raws, base, ks):
     """CA-magnitude's thresholds as its scan finds them, model after model: the ks[k]-th largest |tau_k| with the
     slots taken at 0 (radix_select_tau, the windows off), then the slots it keeps marked taken."""
@@ -1262,7 +1252,7 @@ def test_ca_thresholds_in_one_pass_equal_the_scan_model_by_model(dtype, monkeypa
     """kernels.ca_thresholds (every model's threshold from one pass over all of them and the entries it stores)
     gives the thresholds of the scan model by model, exactly: equal and unequal densities, a model whose |tau| ties
     by the thousand, the pass in several segments."""
-    n, base, raws = _ca_inputs(3, dtype)
+    n, base, raws = _deferred_inputs(3, dtype, seed=9, least=K.WINDOW_MIN)
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)  # the pass in 8 segments
     monkeypatch.setattr(K, "WINDOW_MIN", 1 << 62)  # the reference's selections without windows
     want = {}
@@ -1284,7 +1274,7 @@ def test_ca_thresholds_decline_what_they_cannot_place(monkeypatch):
     WINDOW_MIN, a k of 0 or n, a threshold at 0 (the slots taken would count in its window), windows holding a
     large share of the tensor, a non-finite task vector, a window that misses its threshold (its pass run, then
     declined)."""
-    n, base, raws = _ca_inputs(3, torch.bfloat16)
+    n, base, raws = _deferred_inputs(3, torch.bfloat16, seed=9, least=K.WINDOW_MIN)
     ks = [n // 5] * 3
     small = K.WINDOW_MIN - 1
     before = dict(K.CA_THRESHOLDS)
@@ -1313,7 +1303,7 @@ def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monk
     every model (ca_thresholds), a small one model by model, and a tensor whose pass is declined model by model
     again: the written file and every figure of the summary equal the scan model by model's; in memory (views of
     the held tensors) the same."""
-    n, b, raws = _ca_inputs(3, torch.bfloat16)
+    n, b, raws = _deferred_inputs(3, torch.bfloat16, seed=9, least=K.WINDOW_MIN)
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
     base = {"big": b, "small": b[:5000].clone()}
     models = [{"big": r, "small": r[:5000].clone()} for r in raws]

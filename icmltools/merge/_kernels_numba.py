@@ -3066,6 +3066,7 @@ def ca_sample(base, raws, starts, width, qs, us, counts):
         for i in range(S):
             taken[i] = taken[i] | (u[i] > t)
 
+
 def ca_scan(base, raws, his, los, wds, pat, vals):
     """The pass (see above) over one segment: model k's window is the |tau| bits u with u - los[k] < wds[k]
     (unsigned), his[k] = los[k] + wds[k]; pieces of whole blocks on threads (_run_pieces), each storing its entries

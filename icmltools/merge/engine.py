@@ -156,8 +156,8 @@ class MergeMethod(abc.ABC):
     def scan_models_raw(self, st: "TensorState", raws, base, wanted: Sequence[int]):
         """Optional, with ``scans_together``: :meth:`scan_raw` of every wanted model at once, for a method whose
         scan of a model depends on the models before it (CA-magnitude): their whole tensors as read (`raws`, views
-        of the mapped files, in the order fed) and the base's; ``st.release(a, b)`` drops the inputs' pages of
-        [a, b) once read. Returns 0 when every model's scan is done, or None (then they are scanned one at a
+        of the mapped files or of the tensors held in memory, in the order fed) and the base's; ``st.release(a,
+        b)`` drops the inputs' mapped pages of [a, b) once read. Returns 0 when every model's scan is done, or None (then they are scanned one at a
         time)."""
         return None
 

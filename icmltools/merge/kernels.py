@@ -609,6 +609,25 @@ def _windows_of(km, r, b, ks, n: int, starts, sample):
     return [w[0][0] for w in wins], [w[0][1] for w in wins], counts
 
 
+def _entry_buffers(n: int, share: float, K: int, dtype, buf, positions: bool):
+    """For a pass that stores entries (topk_merge_deferred, ca_thresholds): its segments ([a, b) of _DEFER_SEGMENT
+    elements), each one's entry slots (the sample's share of elements in the windows, with room), and the buffers
+    of those slots from `buf(key, numel, torch dtype)` (new ones where None): positions (int32; None unless
+    `positions`), patterns (uint8), values ((K + 1) rows of `dtype`); then `buf` itself."""
+    import torch
+
+    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
+    caps = [int((e - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, e in segs]
+    cap = sum(caps)
+    if buf is None:
+        def buf(key, numel, dt):
+            return torch.empty(numel, dtype=dt)
+    pos = _np(buf("defer_pos", cap, torch.int32)) if positions else None
+    pat = _np(buf("defer_pat", cap, torch.uint8))
+    vals = _np(buf("defer_vals", cap * (K + 1), dtype)).reshape(K + 1, cap)
+    return segs, caps, pos, pat, vals, buf
+
+
 def _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, release):
     """topk_merge_deferred's pass, segment by segment ([a, b) of `segs`, entries in `caps[i]` slots each), `release`
     called after each: (nonzeros, kept-bits histogram, counts above the tops' windows, the entries' regions
@@ -649,7 +668,6 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     `release(a, b)` after each (the engine drops the inputs' mapped pages there: memory independent of the model
     count)."""
     import numpy as np
-    import torch
 
     got = _one_pass(base, raws, out)
     if got is None:
@@ -682,14 +700,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
         return None
     lo1, wd1, top_at = np.array(los[0], np.uint32), np.array(wds[0], np.uint32), np.array(top_at, np.uint32)
     his = lo1 + wd1
-    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
-    caps = [int((bb - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, bb in segs]
-    cap = sum(caps)
-    if buf is None:
-        def buf(key, numel, dt):
-            return torch.empty(numel, dtype=dt)
-    pos, pat = _np(buf("defer_pos", cap, torch.int32)), _np(buf("defer_pat", cap, torch.uint8))
-    vals = _np(buf("defer_vals", cap * (K + 1), base.dtype)).reshape(K + 1, cap)
+    segs, caps, pos, pat, vals, buf = _entry_buffers(n, share, K, base.dtype, buf, True)
     e = _emit_args(base, emit)
     o, ef = _np(out).reshape(-1), _emit_flagged(b, e)
     w = np.asarray(weights, np.float64)
@@ -839,11 +850,11 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     tensor run through the same rule names each model's window (bucket_windows); the pass counts, per model, the
     slots no earlier model can have kept whose |x_k| lies above the window, and stores the elements where a model
     meets its window on such a slot (:func:`_kernels_numba.ca_scan`); the thresholds then come model after model
-    from those entries (ca_candidates, ca_taken). The list of thresholds (float32 values), or None: not run (a tensor below
-    WINDOW_MIN elements or past 2^31, a k outside (0, n), mixed dtypes, more than MAX_ONE_PASS models, a window
-    at bucket 0 or holding too many elements, a threshold outside its window, a non-finite element): the per-model
-    scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the pass goes
-    segment by segment)."""
+    from those entries (ca_candidates, ca_taken). The list of thresholds (float32 values), or None: not run (a
+    tensor below WINDOW_MIN elements or past 2^31, a k outside (0, n), mixed dtypes, more than MAX_ONE_PASS models,
+    a window at bucket 0 or holding too many elements, a threshold outside its window, a non-finite element): the
+    per-model scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the
+    pass goes segment by segment)."""
     import numpy as np
     import torch
 
@@ -859,14 +870,7 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         return None
     los, wds, share = wins
     his = los + wds
-    segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
-    caps = [int((e - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, e in segs]
-    cap = sum(caps)
-    if buf is None:
-        def buf(key, numel, dt):
-            return torch.empty(numel, dtype=dt)
-    pat = _np(buf("defer_pat", cap, torch.uint8))
-    vals = _np(buf("defer_vals", cap * (K + 1), base.dtype)).reshape(K + 1, cap)
+    segs, caps, _, pat, vals, buf = _entry_buffers(n, share, K, base.dtype, buf, False)
     km = _mod()
     CA_THRESHOLDS["tried"] += 1
     above, first, ends, fill = np.zeros(K, np.int64), [], [], 0
