@@ -1247,17 +1247,18 @@ def _ca_scanned(raws, base, ks):
 
 
 @needs_numba
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_ca_thresholds_in_one_pass_equal_the_scan_model_by_model(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,k_models", [(torch.bfloat16, 3), (torch.float32, 3), (torch.bfloat16, 1),
+                                            (torch.bfloat16, 2)])
+def test_ca_thresholds_in_one_pass_equal_the_scan_model_by_model(dtype, k_models, monkeypatch):
     """kernels.ca_thresholds (every model's threshold from one pass over all of them and the entries it stores)
     gives the thresholds of the scan model by model, exactly: equal and unequal densities, a model whose |tau| ties
-    by the thousand, the pass in several segments."""
-    n, base, raws = _deferred_inputs(3, dtype, seed=9, least=K.WINDOW_MIN)
+    by the thousand, the pass in several segments, one to three models (each count its own generated loop)."""
+    n, base, raws = _deferred_inputs(k_models, dtype, seed=9, least=K.WINDOW_MIN)
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)  # the pass in 8 segments
     monkeypatch.setattr(K, "WINDOW_MIN", 1 << 62)  # the reference's selections without windows
     want = {}
     for dens in ([0.2] * 3, [0.05, 0.4, 0.1], [0.3, 0.02, 0.25]):
-        ks = [n - int((1 - d) * n) for d in dens]
+        ks = [n - int((1 - d) * n) for d in dens[:k_models]]
         want[tuple(dens)] = ks, _ca_scanned(raws, base, ks)
     monkeypatch.undo()
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 300_001)
