@@ -212,12 +212,17 @@ class CAMagnitude(_Pruned):
         if thr is not None and not K.mark_above(tau, float(thr), st.scan_taken):
             st.scan_taken |= (tau.abs() > thr).logical_and_(st.scan_taken.logical_not())
 
+    @staticmethod
+    def _idx(st, i) -> int:
+        """Model i's threshold's place in its sorted |x| (the RoBERTa code's int((1 - d) * numel))."""
+        return int((1 - st.plan.densities[i]) * st.numel)
+
     def scan_raw(self, st, raw, base, i):
         """:meth:`scan` by compiled loops on the tensors as read: the histograms of |tau| (0 where taken) give the
         threshold of :func:`prune.magnitude_threshold`, then taken |= |tau| > it; no whole-tensor tau or |x|."""
         import torch
 
-        idx = int((1 - st.plan.densities[i]) * st.numel)
+        idx = self._idx(st, i)
         if idx <= 0:  # the smallest |x| (or nothing to keep): the torch path's select
             return None
         got = K.radix_select_tau(raw, base, [st.numel - idx] if idx < st.numel else [], st.scan_taken)
@@ -235,14 +240,11 @@ class CAMagnitude(_Pruned):
         taken row marked); None where it does not run or a threshold lies outside its sampled window."""
         import torch
 
-        ks = []
-        for i in wanted:
-            idx = int((1 - st.plan.densities[i]) * st.numel)
-            if not 0 < idx < st.numel:
-                return None
-            ks.append(st.numel - idx)
-        thr = K.ca_thresholds(base, raws, ks, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
-                              release=st.release)
+        idxs = [self._idx(st, i) for i in wanted]
+        if not all(0 < idx < st.numel for idx in idxs):  # the smallest |x|, or nothing to keep: model by model
+            return None
+        thr = K.ca_thresholds(base, raws, [st.numel - idx for idx in idxs],
+                              buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
         if thr is None:
             return None
         for i, t in zip(wanted, thr):

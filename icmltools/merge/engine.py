@@ -157,8 +157,8 @@ class MergeMethod(abc.ABC):
         """Optional, with ``scans_together``: :meth:`scan_raw` of every wanted model at once, for a method whose
         scan of a model depends on the models before it (CA-magnitude): their whole tensors as read (`raws`, views
         of the mapped files or of the tensors held in memory, in the order fed) and the base's; ``st.release(a,
-        b)`` drops the inputs' mapped pages of [a, b) once read. Returns 0 when every model's scan is done, or None (then they are scanned one at a
-        time)."""
+        b)`` drops the inputs' mapped pages of [a, b) once read. Returns 0 when every model's scan is done, or None
+        (then they are scanned one at a time)."""
         return None
 
     def add_raw(self, st: "TensorState", raw, base, i: int, k: int, p: int):
@@ -963,12 +963,18 @@ def _scan_together(run: _Run, st: TensorState, spec, raw_b, wanted) -> bool:
     raws = [run.models[i].view_range(spec.name, 0, spec.numel) for i in wanted]
     if any(r is None for r in raws):
         return False
-    readers = [run.base] + [run.models[i] for i in wanted]
-    st.release = lambda a, b: [r.release_range(spec.name, a, b) for r in readers]
+    st.release = _releaser(run, spec.name, wanted, 0)
     try:
         return m.scan_models_raw(st, raws, raw_b, wanted) == 0
     finally:
         st.release = None
+
+
+def _releaser(run: _Run, name: str, wanted, at: int):
+    """st.release for a loop over [at, ...) of tensor `name`: (a, b) -> the base's and every wanted model's mapped
+    pages of [at + a, at + b) dropped from resident memory."""
+    readers = [run.base] + [run.models[i] for i in wanted]
+    return lambda a, b: [r.release_range(name, at + a, at + b) for r in readers]
 
 
 def _feed_chunk(run: _Run, st: TensorState, spec, a: int, b: int, bd, wanted, whole: bool,
@@ -1005,8 +1011,7 @@ def _one_pass(run: _Run, st: TensorState, spec, a: int, b: int, raw_b, wanted, w
     raws = [_read(run, run.models[i], spec.name, spec, a, b, f"raw_cand{k}", whole, read_only=True)
             for k, i in enumerate(wanted)]  # views: no buffer per model (a reader without views: one chunk each)
     st.emit = run.out.target(a, b) if run.out is not None else None
-    readers = [run.base] + [run.models[i] for i in wanted]
-    st.release = lambda a0, b0: [r.release_range(spec.name, a + a0, a + b0) for r in readers]  # pages of views
+    st.release = _releaser(run, spec.name, wanted, a)  # pages of views
     got = run.plan.method.merge_raw(st, raws, raw_b, wanted)
     st.emit = st.release = None
     if got is None or got[0]:
