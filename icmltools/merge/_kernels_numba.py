@@ -2191,6 +2191,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
     tb = np.empty((K, _BLOCK), np.float32)
     scr = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
+    ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
     tv = _tv_of(modes, thrs)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
     tf = np.zeros(K, np.bool_)
     dv = np.ones(K, np.float32)  # DARE's divisor (1: p = 0, x / 1 == x)
@@ -2209,26 +2210,27 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         e = min(hi, s + _BLOCK)
         L = e - s
         rs = _slices(raws, s, e)
+        dst = ob[:L] if emit else out[s:e]
         if dare:
             b, z, _, _, _ = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus,
-                                        normalize, out[s:e], pat[:L], None, None, None, None, None)
+                                        normalize, dst, pat[:L], None, None, None, None, None)
             _count_bytes(pat[:L], h4)
         elif not (_quota_ends(modes, alls, lefts, seen, L) or _band_ends(band, seen2, L)):
             for k in range(K):  # every tie kept (seen + L <= left) or none (seen >= left): counted as it goes
                 tf[k] = modes[k] == 2 and (alls[k] or seen[k] + L <= lefts[k])
             _band_flags(band, seen2, L, tf2)
             b, z, packed, packed2, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize,
-                                                   out[s:e], pat[:L], tv2, tf2, None, None, None)
+                                                   dst, pat[:L], tv2, tf2, None, None, None)
             _add_ties(modes, packed, seen)
             _band_add(band, packed2, seen2)
             _count_bytes(pat[:L], h4)
         else:
             b, z = _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted,
-                                  consensus, normalize, out, pat, h4, tb, scr, band, seen2, tv2, tf2)
+                                  consensus, normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2)
         bad += b
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
+            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
     return bad, nz, bo
 
 
@@ -2254,7 +2256,7 @@ def _add_ties(modes, packed, seen):
 
 @_jit
 def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted, consensus,
-                   normalize, out, pat, h4, tb, scr, band, seen2, tv2, tf2):
+                   normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2):
     """One top-k block [s, e) where a quota of ties may run out: its ties counted first; where one does, the block
     goes model by model (each tau pruned in a scratch row by its TopK, then combined), else the fused loop with
     each model keeping all or none of its ties. Returns (non-finite flag, nonzeros)."""
@@ -2273,12 +2275,12 @@ def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf,
             x = tb[k, :L]
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             _prune_model(x, k, modes, thrs, alls, lefts, seen, band, seen2)
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, out[s:e], pat[:L], h4, scr)
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, dst, pat[:L], h4, scr)
         return bad + b, z
     _add_ties(modes, packed, seen)
     _band_add(band, packed2, seen2)
-    b, z, _, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, out[s:e], pat[:L],
-                                tv2, tf2, None, None, None)
+    b, z, _, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pat[:L], tv2,
+                                tf2, None, None, None)
     _count_bytes(pat[:L], h4)
     return b, z
 
@@ -3140,6 +3142,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
     taken = np.zeros(sb, np.bool_)
     keys = np.empty(max(ms.max(), _NM_ROW), np.int32)
     pat = np.empty(sb, np.uint8)
+    ob = np.empty(sb, np.float32)  # the merged span where the output is written (out is not touched)
     zero = np.float32(0.0)
     one = np.float32(1.0)
     bad = 0
@@ -3157,7 +3160,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
             bad += _tau_block(raws[k][s:e], base[s:e], x)
             short[k] += _nm_blocks_of(net, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys)
         _kept_bits(tb, L, pat[:L], h4)
-        o = out[s:e]
+        o = ob[:L] if emit else out[s:e]
         first = True
         for k in range(K):
             if ws[k] == 0.0:
@@ -3207,17 +3210,19 @@ def _ca_piece(p, T, phase, base, raws, tf, wf, out, oraw, sc, emit, h4, res):
     flag) into res[p]."""
     lo, hi = _piece(base.shape[0], p, T, _BLOCK)
     pat = np.empty(_BLOCK, np.uint8)
+    ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
     bad = np.uint32(0)
     nz = 0
     bo = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
-        b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, out[s:e], pat[:e - s])
+        dst = ob[:e - s] if emit else out[s:e]
+        b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, dst, pat[:e - s])
         _count_bytes(pat[:e - s], h4[4 * p:4 * p + 4])
         bad = max(bad, b)
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], out[s:e], sc)
+            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
     res[p, 0] = bad
     res[p, 1] = nz
     res[p, 2] = bo
