@@ -1087,7 +1087,8 @@ def test_blocks_of_32_equal_the_sorting_network(kind):
     """The path of the blocks of 32 (keys transposed in registers, the top-L network, the keep bits applied two
     vectors a block) keeps what the 32-key sorting network's path keeps, bitwise, and counts the same short
     blocks: every n from 1 to past 32 (each L), taken slots or none, padded or dropped tail, a partial last group
-    of blocks, ties by the hundred, zeros of both signs, NaN and infinities."""
+    of blocks, ties by the hundred, zeros of both signs, NaN and infinities; and the bits of each block's slots
+    left nonzero (the kept pairs' counts)."""
     import numpy as np
 
     from icmltools.merge import kernels as K
@@ -1117,10 +1118,12 @@ def test_blocks_of_32_equal_the_sorting_network(kind):
             for pad in (True, False):
                 want, t1 = x.copy(), taken0.copy()
                 s1 = KN._nm_net_span(want, 0, size, n, 32, t1, frac > 0, pad, None)
-                got, t2 = x.copy(), taken0.copy()
-                s2 = KN._nm_span32(got, 0, size, n, t2, frac > 0, pad, net)
+                got, t2, nzm = x.copy(), taken0.copy(), np.zeros(size // 32, np.uint32)
+                s2 = KN._nm_span32(got, 0, size, n, t2, frac > 0, pad, net, nzm)
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n, frac, pad)
                 assert np.array_equal(t2, t1) and s2 == s1, (n, frac, pad)
+                nz = want[:size // 32 * 32].reshape(-1, 32) != 0  # the blocks' nonzero slots, as bits
+                assert np.array_equal(nzm, (nz * (1 << np.arange(32, dtype=np.uint64))).sum(axis=1)), (n, frac, pad)
     assert KN.nm_net_of([32, 32], [4, 9]) == (np.int8(0),) * 16  # one L for every model: the largest n's
     assert KN.nm_net_of([32, 17], [4, 4]) == np.int8(1) and KN.nm_net_of([32, 8], [4, 4]) is None
 
