@@ -1149,23 +1149,24 @@ def test_window_bits_mark_the_models_inside_their_windows():
     c, q = km._window_bits(base, (a, b), los, wds, np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
                            np.array([lo, lo], np.uint32), pp)
     assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and [km._unpack(q, k) for k in range(8)] == [3, 4] + [0] * 6
-    # the fused loop marking the (first) windows itself (magnitude, TIES): the same bits and count, the merge as
-    # without them
+    # the fused loop marking the (first) windows itself (the deferred pass of magnitude and TIES, which keeps every
+    # tie: tf all True): the same bits and count, the merge as without them; the ties at tv are not counted there
     import numba
 
     @numba.njit
     def fused(bs, rs, wl, ww, pw, o, pt):
-        tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.zeros(2, np.bool_), np.ones(2, np.float32)
+        tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.ones(2, np.bool_), np.ones(2, np.float32)
         return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, None, None, wl, ww, pw)
 
     for marked in (np.zeros(5, np.uint8), np.full(5, 255, np.uint8)):
         o, pt, o2, pt2 = np.empty(5, np.float32), np.empty(5, np.uint8), np.empty(5, np.float32), np.empty(5, np.uint8)
         got = fused(base, (a, b), los, wds, marked, o, pt)
         assert marked.tolist() == [0, 3, 3, 0, 2] and got[4] == 3
-        assert fused(base, (a, b), None, None, None, o2, pt2)[4] == 0
-        assert got[:4] == fused(base, (a, b), None, None, None, o2, pt2)[:4]
+        plain = fused(base, (a, b), None, None, None, o2, pt2)
+        assert plain[4] == 0 and got[:2] == plain[:2] and got[3] == plain[3]
+        assert got[2] == (0, 0, 0, 0) and plain[2] == (65537, 0, 0, 0)  # a's and b's tie at hi - 1: counted plain
         assert np.array_equal(o.view(np.uint32), o2.view(np.uint32)) and np.array_equal(pt, pt2)
-        assert pt.tolist() == [0, 0, 0, 3, 0]  # kept: |tau| above the window's last value (hi - 1)
+        assert pt.tolist() == [0, 0, 3, 3, 0]  # kept: |tau| from the window's last value (hi - 1) on
 
 
 @needs_numba
