@@ -1131,34 +1131,44 @@ def test_deferred_band_merges_as_the_scan_bitwise():
 
 @needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
-    """_window_bits, exact: bit k where model k's |tau| has float32 bits in [los[k], los[k] + wds[k]) (both signs,
-    the window's last value in, its end out) or in its second window, the count of positions marked, and each
-    model's count from his2[k] on; the fused loop's own marks (the first windows) the same."""
+    """The deferred pass's fused loop marks, exactly, bit k where model k's |tau| has float32 bits in [los[k],
+    los[k] + wds[k]) (both signs, the window's last value in, its end out) and counts the positions marked; with
+    Breadcrumbs' top (tv2) it marks the second window too and counts each model's elements from his2[k] on. The
+    merge is the one without windows; the pass keeps every tie at tv (tf all True) and counts none."""
+    import numba
+
     km = K._mod()
     lo, hi = np.uint32(0x3C000000), np.uint32(0x3C030000)  # buckets 0x3C00 .. 0x3C02
     edge = np.array([lo - 1, lo, hi - 1, hi, 0x3C010000], np.uint32).view(np.float32)
     base = np.zeros(5, np.float32)
     a = np.concatenate([edge[:4], [0.0]]).astype(np.float32)
     b = -np.concatenate([[0.0], edge[1:]]).astype(np.float32)
-    pp = np.zeros(5, np.uint8)
     los, wds = np.array([lo, lo], np.uint32), np.array([hi - lo, hi - lo], np.uint32)
-    none, zero = np.array([0xFFFFFFFF] * 2, np.uint32), np.zeros(2, np.uint32)
-    c, q = km._window_bits(base, (a, b), los, wds, zero, zero, none, pp)
-    assert pp.tolist() == [0, 3, 3, 0, 2] and c == 3 and [km._unpack(q, k) for k in range(8)] == [0] * 8
-    # a second window for a: [hi, hi + 1) (its last value hi); counted from lo on: a 3 (lo, hi - 1, hi), b 4
-    c, q = km._window_bits(base, (a, b), los, wds, np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
-                           np.array([lo, lo], np.uint32), pp)
-    assert pp.tolist() == [0, 3, 3, 1, 2] and c == 4 and [km._unpack(q, k) for k in range(8)] == [3, 4] + [0] * 6
-    # the fused loop marking the (first) windows itself (the deferred pass of magnitude and TIES, which keeps every
-    # tie: tf all True): the same bits and count, the merge as without them; the ties at tv are not counted there
-    import numba
 
     @numba.njit
     def fused(bs, rs, wl, ww, pw, o, pt):
         tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.ones(2, np.bool_), np.ones(2, np.float32)
         return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, None, None, wl, ww, pw)
 
-    for marked in (np.zeros(5, np.uint8), np.full(5, 255, np.uint8)):
+    @numba.njit
+    def fused_top(bs, rs, wl, ww, pw, o, pt):  # Breadcrumbs' pass, its top at inf: nothing dropped by it
+        tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.ones(2, np.bool_), np.ones(2, np.float32)
+        tv2 = np.full(2, 0x7F800000, np.uint32).view(np.float32)
+        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, tv2, tf, wl, ww, pw)
+
+    none, zero = np.array([0xFFFFFFFF] * 2, np.uint32), np.zeros(2, np.uint32)
+    # no second window, nothing counted; then a second window for a: [hi, hi + 1) (its last value hi), counted
+    # from lo on: a 3 (lo, hi - 1, hi), b 4
+    for los2, wds2, his2, marks, counts in ((zero, zero, none, [0, 3, 3, 0, 2], [0, 0]),
+                                            (np.array([hi, 0], np.uint32), np.array([1, 0], np.uint32),
+                                             np.array([lo, lo], np.uint32), [0, 3, 3, 1, 2], [3, 4])):
+        pp, o, pt, o2, pt2 = np.full(5, 9, np.uint8), *(np.empty(5, t) for t in (np.float32, np.uint8) * 2)
+        got = fused_top(base, (a, b), (los, los2, his2), (wds, wds2), pp, o, pt)
+        assert pp.tolist() == marks and got[4] == sum(m != 0 for m in marks)
+        assert [km._unpack(got[3], k) for k in range(8)] == counts + [0] * 6 and got[2] == (0, 0, 0, 0)
+        fused(base, (a, b), None, None, None, o2, pt2)
+        assert np.array_equal(o.view(np.uint32), o2.view(np.uint32)) and np.array_equal(pt, pt2)
+    for marked in (np.zeros(5, np.uint8), np.full(5, 255, np.uint8)):  # magnitude's and TIES' one window
         o, pt, o2, pt2 = np.empty(5, np.float32), np.empty(5, np.uint8), np.empty(5, np.float32), np.empty(5, np.uint8)
         got = fused(base, (a, b), los, wds, marked, o, pt)
         assert marked.tolist() == [0, 3, 3, 0, 2] and got[4] == 3

@@ -2503,14 +2503,15 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf
     (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
     (bits). With Breadcrumbs' second thresholds (tv2, tf2; None otherwise) x_k is kept only where it is not in
     the top as well (|x_k| > tv2[k], or == with tf2[k]). With windows (wl, ww: uint32 arrays, pw: a uint8 row;
-    None otherwise; top-k without tv2 only: the deferred pass of magnitude and TIES) it marks as _window_bits
-    does: pw[j] = the models whose |x_k|'s bits u lie in their window (u - wl[k] < ww[k], unsigned), in the same
-    loop (0.92 -> 0.67 ns per model and element with the separate loop's, one thread, 4 bf16 models); that pass
-    keeps every tie (tf is all True: |x_k| >= tv[k], one comparison) and counts none (in-process merges, 2
-    threads, alternated: TIES 1.18-1.23 -> 1.14-1.19 s, magnitude 1.03-1.13 -> 1.01-1.10). Returns
-    (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor), the top-k ties: the elements
-    with |x_k| == tv[k] per model, packed as _ties_span's (DARE and windows: zeros), those with |x_k| == tv2[k]
-    (zeros without tv2), the positions with a window bit (0 without windows)).
+    None otherwise; the deferred pass of magnitude, TIES and Breadcrumbs) it marks pw[j] = the models whose
+    |x_k|'s bits u lie in their window (u - wl[k] < ww[k], unsigned; Breadcrumbs: or in its top's, see
+    _fused_src), in the same loop (0.92 -> 0.67 ns per model and element with a separate loop's, one thread, 4
+    bf16 models). That pass keeps every tie (tf, and tf2, all True: |x_k| >= tv[k], one comparison) and counts
+    none (in-process merges, 2 threads, alternated: TIES 1.18-1.23 -> 1.14-1.19 s, magnitude 1.03-1.13 ->
+    1.01-1.10). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor), the
+    top-k ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE and windows: zeros),
+    those with |x_k| == tv2[k] (zeros without tv2; Breadcrumbs' deferred pass: its elements from his2[k] on),
+    the positions with a window bit (0 without windows)).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
     DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15), measured before the loop counted
@@ -2524,9 +2525,49 @@ def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv
                                not isinstance(wl, types.NoneType)))
 
 
+def _fused_hoisted(k: int, dare: bool, band: bool, windows: bool) -> list:
+    """_fused_src's lines that read model k's scalars (and rows) before the loop."""
+    lines = [f"    r{k} = rs[{k}]", f"    t{k} = tv[{k}]", f"    f{k} = tf[{k}]", f"    d{k} = dv[{k}]", f"    w{k} = ws[{k}]"]
+    if dare:
+        lines.append(f"    m{k} = ms[{k}]")
+    if band:
+        lines += [f"    u{k} = tv2[{k}]", f"    g{k} = tf2[{k}]"]
+    if windows and band:
+        lines += [f"    l{k} = wl[0][{k}]", f"    m{k} = wl[1][{k}]", f"    n{k} = wl[2][{k}]", f"    z{k} = ww[0][{k}]",
+                  f"    y{k} = ww[1][{k}]"]
+    elif windows:
+        lines += [f"    l{k} = wl[{k}]", f"    z{k} = ww[{k}]"]
+    return lines
+
+
+def _fused_kept(k: int, dare: bool, band: bool, windows: bool) -> list:
+    """_fused_src's lines, inside the loop, that give model k's kept value v{k} from its tau x{k} (and its
+    window bit i{k}, its counts)."""
+    ind = " " * 12
+    if dare:
+        return [f"{ind}v{k} = x{k} / d{k}", f"{ind}v{k} = v{k} if f{k} | (m{k}[j] != 0) else zero"]
+    lines = [f"{ind}a{k} = abs(x{k})"]
+    if windows and band:  # Breadcrumbs' deferred pass: tf and tf2 all True, no tie counted
+        return lines + [f"{ind}v{k} = x{k} if (a{k} >= t{k}) > (a{k} >= u{k}) else zero",
+                        f"{ind}b{k} = _f32_as_u32(a{k})",
+                        f"{ind}i{k} = (np.uint32(b{k} - l{k}) < z{k}) | (np.uint32(b{k} - m{k}) < y{k})",
+                        f"{ind}q{4 + k // 2} = _add16(q{4 + k // 2}, b{k} >= n{k}, {k})"]
+    if windows:  # the deferred pass of magnitude and TIES: every tie kept (tf all True), none counted
+        return lines + [f"{ind}v{k} = x{k} if a{k} >= t{k} else zero",
+                        f"{ind}i{k} = np.uint32(_f32_as_u32(a{k}) - l{k}) < z{k}"]
+    lines += [f"{ind}e{k} = a{k} == t{k}", f"{ind}q{k // 2} = _add16(q{k // 2}, e{k}, {k})"]
+    if band:  # kept by the first, not in the top (bools compared: and-not, branch-free)
+        return lines + [f"{ind}h{k} = a{k} == u{k}", f"{ind}q{4 + k // 2} = _add16(q{4 + k // 2}, h{k}, {k})",
+                        f"{ind}v{k} = x{k} if ((a{k} > t{k}) | (f{k} & e{k})) > ((a{k} > u{k}) | (g{k} & h{k}))"
+                        " else zero"]
+    return lines + [f"{ind}v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero"]
+
+
 def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) -> str:
-    """The source of _fused_span for K models (x{k}: tau, v{k}: kept value, model k's scalars hoisted)."""
-    assert not (windows and (dare or band))
+    """The source of _fused_span for K models (x{k}: tau, v{k}: kept value, model k's scalars hoisted). With band
+    and windows (Breadcrumbs' deferred pass): wl = (los, los2, his2), ww = (wds, wds2), both windows marked and
+    each model's elements from his2[k] on counted, packed as the second ties (see _folded)."""
+    assert not (windows and dare)
     lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw):",
              "    cw = np.int32(0)",
              "    zero = np.float32(0.0)",
@@ -2537,44 +2578,14 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
              "    pz = np.float32(consensus == 2)"]   # a sum of 0 elects 0 (consensus 1) or + (2, mergekit's)
     add = lines.append
     for k in range(K):
-        add(f"    r{k} = rs[{k}]")
-        add(f"    t{k} = tv[{k}]")
-        add(f"    f{k} = tf[{k}]")
-        add(f"    d{k} = dv[{k}]")
-        add(f"    w{k} = ws[{k}]")
-        if dare:
-            add(f"    m{k} = ms[{k}]")
-        if band:
-            add(f"    u{k} = tv2[{k}]")
-            add(f"    g{k} = tf2[{k}]")
-        if windows:
-            add(f"    l{k} = wl[{k}]")
-            add(f"    z{k} = ww[{k}]")
+        lines += _fused_hoisted(k, dare, band, windows)
     for consensus in (False, True):
         add(f"    if {'' if consensus else 'not '}consensus:")
         add("        for j in range(bs.shape[0]):")
         add("            b = as_f32(bs, j)")
         for k in range(K):
             add(f"            x{k} = as_f32(r{k}, j) - b")
-            if dare:
-                add(f"            v{k} = x{k} / d{k}")
-                add(f"            v{k} = v{k} if f{k} | (m{k}[j] != 0) else zero")
-            elif windows:  # the deferred pass: every tie kept (tf all True), none counted
-                add(f"            a{k} = abs(x{k})")
-                add(f"            v{k} = x{k} if a{k} >= t{k} else zero")
-            else:
-                add(f"            a{k} = abs(x{k})")
-                add(f"            e{k} = a{k} == t{k}")
-                add(f"            q{k // 2} = _add16(q{k // 2}, e{k}, {k})")
-                if band:  # kept by the first, not in the top (bools compared: and-not, branch-free)
-                    add(f"            h{k} = a{k} == u{k}")
-                    add(f"            q{4 + k // 2} = _add16(q{4 + k // 2}, h{k}, {k})")
-                    add(f"            v{k} = x{k} if ((a{k} > t{k}) | (f{k} & e{k})) > ((a{k} > u{k}) | (g{k} & h{k}))"
-                        " else zero")
-                else:
-                    add(f"            v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero")
-            if windows:
-                add(f"            i{k} = np.uint32(_f32_as_u32(a{k}) - l{k}) < z{k}")
+            lines += _fused_kept(k, dare, band, windows)
         if windows:
             add("            wb = " + " | ".join(f"(np.uint8({1 << k}) if i{k} else np.uint8(0))" for k in range(K)))
             add("            pw[j] = wb")
@@ -2706,69 +2717,33 @@ def topk_merge_raw(base, raws, modes, thrs, alls, lefts, ws, consensus, normaliz
 # order: bitwise the two-pass merge).
 
 
-@_jit
-def _window_bits(bs, rs, los, wds, los2, wds2, his2, pp):
-    """pp[j] = the models whose |rs[k][j] - bs[j]| lies in their window (bit k: its float32 bits u with
-    u - los[k] < wds[k], unsigned) or their second one (Breadcrumbs' top's: los2, wds2; widths 0 for none) over one
-    span of at most 2^16 - 1 elements. Returns (the count of positions with a bit set, the elements from his2[k]
-    on per model (above the top's window; 2^32 - 1 for none), packed as _ties_span's). One loop with the models
-    written out inside it (_window_span, generated per model count as _fused_span), in place of a loop over the
-    tuple: 4 bf16 models, blocks of 2048 from a compiled loop, one thread, 1.66 -> 1.14 ns per element."""
-    return _window_span(bs, rs, los, wds, los2, wds2, his2, pp)
-
-
-def _window_span(bs, rs, los, wds, los2, wds2, his2, pp):
-    """_window_bits' loop for len(rs) models (generated when compiled)."""
-
-
-@overload(_window_span)
-def _window_span_impl(bs, rs, los, wds, los2, wds2, his2, pp):
-    K = len(rs)
-    lines = ["def f(bs, rs, los, wds, los2, wds2, his2, pp):", "    c = np.int32(0)"]
-    for k in range(K):
-        lines += [f"    r{k} = rs[{k}]", f"    l{k} = los[{k}]", f"    w{k} = wds[{k}]", f"    m{k} = los2[{k}]",
-                  f"    z{k} = wds2[{k}]", f"    h{k} = his2[{k}]", f"    a{k} = np.int32(0)"]
-    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        p = np.uint32(0)"]
-    for k in range(K):
-        lines += [f"        u = _f32_as_u32(abs(as_f32(r{k}, j) - b))",
-                  f"        i = (np.uint32(u - l{k}) < w{k}) | (np.uint32(u - m{k}) < z{k})",
-                  f"        p = np.uint32(p | (np.uint32(i) << np.uint32({k})))",
-                  f"        a{k} = _inc(a{k}, u >= h{k})"]
-    lines += ["        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
-    lines.append("    ws = _NO_COUNTS")  # the counts packed as _ties_span's, once per span
-    lines += [f"    ws = _count16(ws, a{k}, {k})" for k in range(K)]
-    lines.append("    return np.int64(c), ws")
-    return _defined("\n".join(lines) + "\n")
-
-
-def _folded(tv2, los, wds, pp):
-    """(los, wds, pp) for the fused loop to mark the windows itself (magnitude, TIES: tv2 None), else (None, None,
-    None): Breadcrumbs' two windows and its count above the top are marked by _window_bits after it."""
+def _folded(tv2, los, wds, los2, wds2, his2, pp):
+    """(wl, ww, pw) for the fused loop to mark the windows itself: (los, wds, pp) for magnitude and TIES (tv2
+    None), ((los, los2, his2), (wds, wds2), pp) for Breadcrumbs (its two windows marked, and its elements above
+    the top's window counted, in the same loop: see _fused_src)."""
 
 
 @overload(_folded)
-def _folded_impl(tv2, los, wds, pp):
+def _folded_impl(tv2, los, wds, los2, wds2, his2, pp):
     if isinstance(tv2, types.NoneType):
-        return lambda tv2, los, wds, pp: (los, wds, pp)
-    return lambda tv2, los, wds, pp: (None, None, None)
+        return lambda tv2, los, wds, los2, wds2, his2, pp: (los, wds, pp)
+    return lambda tv2, los, wds, los2, wds2, his2, pp: ((los, los2, his2), (wds, wds2), pp)
 
 
-def _marked(tv2, cw, bs, rs, los, wds, los2, wds2, his2, pp, ab):
-    """The positions with a window bit in pp: cw, counted by the fused loop (tv2 None), else _window_bits' (ab[k]
-    += model k's elements above its top's window)."""
+def _above(tv2, packed2, ab):
+    """ab[k] += model k's elements above its top's window, the fused loop's second packed counts (Breadcrumbs;
+    nothing for tv2 None)."""
 
 
-@overload(_marked)
-def _marked_impl(tv2, cw, bs, rs, los, wds, los2, wds2, his2, pp, ab):
+@overload(_above)
+def _above_impl(tv2, packed2, ab):
     if isinstance(tv2, types.NoneType):
-        return lambda tv2, cw, bs, rs, los, wds, los2, wds2, his2, pp, ab: cw
+        return lambda tv2, packed2, ab: None
 
-    def windows(tv2, cw, bs, rs, los, wds, los2, wds2, his2, pp, ab):
-        c, packed = _window_bits(bs, rs, los, wds, los2, wds2, his2, pp)
-        for k in range(len(rs)):
-            ab[k] += _unpack(packed, k)
-        return c
-    return windows
+    def add(tv2, packed2, ab):
+        for k in range(ab.shape[0]):
+            ab[k] += _unpack(packed2, k)
+    return add
 
 
 @_jit
@@ -2786,10 +2761,10 @@ def _list_marked(q, bits, idx):
 def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
                     los2, wds2, his2, ab, tv2, tf2, pos, pat, vals, m, cap):
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
-    thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), then its positions with a model in its
-    window (marked by the fused loop itself for magnitude and TIES; Breadcrumbs' two windows by _window_bits
-    after it, ab[k] += model k's elements above the top's window) stored from index m on (pos, pat: the models
-    in their windows, vals: rows of the base's then each model's raw elements).
+    thresholds (tv, every tie kept; Breadcrumbs: not from tv2 on either), which marks the models in their windows
+    (Breadcrumbs: either window, and ab[k] += model k's elements above the top's window), then those positions
+    stored from index m on (pos, pat: the models in their windows, vals: rows of the base's then each model's
+    raw elements).
     Returns (non-finite flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With
     `emit` the output is written block by block and out is not touched."""
     K = len(raws)
@@ -2805,15 +2780,15 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         L = e - s
         rs = _slices(raws, s, e)
         dst = ob[:L] if emit else out[s:e]
-        wl, ww, pw = _folded(tv2, los, wds, pp[:L])
-        b, z, _, _, cw = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L], tv2,
-                                     tf2, wl, ww, pw)
+        wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, pp[:L])
+        b, z, _, packed2, c = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L],
+                                          tv2, tf2, wl, ww, pw)
+        _above(tv2, packed2, ab)
         _count_bytes(pt[:L], h4)
         bad += b
         nz += z
         if emit:
             bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
-        c = _marked(tv2, cw, base[s:e], rs, los, wds, los2, wds2, his2, pp[:L], ab)
         if c == 0:
             continue
         hits = _list_marked(pp[:L], np.uint8(0xFF), idx)  # the positions in a window
