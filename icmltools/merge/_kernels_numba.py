@@ -3407,28 +3407,34 @@ def _ca_scan_span_impl(bs, rs, his, los, wds, pp, ab):
     return _defined("\n".join(lines) + "\n")
 
 
-@_jit
-def ca_candidates(vals, pat, first, ends, tk, k, hk, lk, wk, ub, fl):
+def ca_candidates(vals, pat, first, ends, offs, tk, k, hk, lk, wk, ub, fl, cand, res):
     """Model k's count over ca_scan's entries (vals (1 + K) x cap, pat cap; the pieces' entries in [first[i],
-    ends[i]), taken in that order as one list of M) for its threshold (see kernels.ca_thresholds): an entry counts
+    ends[i]), region i at offs[i] of one list of M) for its threshold (see kernels.ca_thresholds): an entry counts
     from its pattern's model on where no earlier model kept it (tk, M). ub[:M] = the entries' |tau_k| bits,
-    fl[:M] = the counted ones inside the window [lk, lk + wk). Returns (the counted ones above the window, those
-    inside)."""
-    rk = vals[1 + k]
-    b0 = vals[0]
-    on = np.uint8(k + 1)
-    a = 0
+    fl[:M] = the counted ones inside the window [lk, lk + wk); region i's of these, in order, at cand[offs[i]:],
+    res[i] = (the counted ones above the window, those inside). The regions on threads (_run_pieces)."""
+    _run_pieces(_ca_cand_piece, first.shape[0], 0, (vals, pat, first, ends, offs, tk, np.uint8(k + 1), vals[1 + k],
+                                                    hk, lk, wk, ub, fl, cand, res))
+
+
+@_jit
+def _ca_cand_piece(i, T, phase, vals, pat, first, ends, offs, tk, on, rk, hk, lk, wk, ub, fl, cand, res):
+    """Region i of ca_candidates (serial, run by _run_pieces)."""
+    p0, p1, o = first[i], ends[i], offs[i]
+    L = p1 - p0
+    res[i, 0], res[i, 1] = _ca_cand_span(rk[p0:p1], vals[0][p0:p1], pat[p0:p1], tk[o:o + L], on, hk, lk, wk,
+                                         ub[o:o + L], fl[o:o + L])
+    _ca_compact(fl[o:o + L], ub[o:o + L], cand[o:o + L])
+
+
+@_jit
+def _ca_compact(fl, ub, cand):
+    """cand[:c] = the ub[e] with fl[e] set, in order (without a branch per entry); returns c."""
     c = 0
-    o = 0
-    for i in range(first.shape[0]):
-        p0, p1 = first[i], ends[i]
-        L = p1 - p0
-        x, y = _ca_cand_span(rk[p0:p1], b0[p0:p1], pat[p0:p1], tk[o:o + L], on, hk, lk, wk, ub[o:o + L],
-                             fl[o:o + L])
-        a += x
-        c += y
-        o += L
-    return a, c
+    for e in range(fl.shape[0]):
+        cand[c] = ub[e]
+        c += fl[e]
+    return c
 
 
 @_jit
@@ -3449,17 +3455,18 @@ def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl):
     return a, c
 
 
-@_jit
-def ca_taken(pat, first, ends, tk, k, ub, t):
+def ca_taken(pat, first, ends, offs, tk, k, ub, t):
     """tk |= the entries model k keeps: |tau_k| bits ub > t (its threshold's), from their pattern's model on
-    (entries as ca_candidates')."""
-    on = np.uint8(k + 1)
-    o = 0
-    for i in range(first.shape[0]):
-        p0, p1 = first[i], ends[i]
-        L = p1 - p0
-        _ca_taken_span(pat[p0:p1], tk[o:o + L], on, ub[o:o + L], np.uint32(t))
-        o += L
+    (entries as ca_candidates'; the regions on threads)."""
+    _run_pieces(_ca_taken_piece, first.shape[0], 0, (pat, first, ends, offs, tk, np.uint8(k + 1), ub, np.uint32(t)))
+
+
+@_jit
+def _ca_taken_piece(i, T, phase, pat, first, ends, offs, tk, on, ub, t):
+    """Region i of ca_taken (serial, run by _run_pieces)."""
+    p0, p1, o = first[i], ends[i], offs[i]
+    L = p1 - p0
+    _ca_taken_span(pat[p0:p1], tk[o:o + L], on, ub[o:o + L], t)
 
 
 @_jit
