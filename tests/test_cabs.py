@@ -1117,9 +1117,9 @@ def test_blocks_of_32_equal_the_sorting_network(kind):
             taken0 = torch.rand(size, generator=g).numpy() < frac
             for pad in (True, False):
                 want, t1 = x.copy(), taken0.copy()
-                s1 = KN._nm_net_span(want, 0, size, n, 32, t1, frac > 0, pad, None)
+                s1 = KN._nm_net_span(want, 0, size, n, 32, t1, frac > 0, pad, None, np.empty(KN._NM_SCR, np.int32))
                 got, t2, nzm = x.copy(), taken0.copy(), np.zeros(size // 32, np.uint32)
-                s2 = KN._nm_span32(got, 0, size, n, t2, frac > 0, pad, net, nzm)
+                s2 = KN._nm_span32(got, 0, size, n, t2, frac > 0, pad, net, nzm, np.empty(KN._NM_SCR, np.int32))
                 assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (n, frac, pad)
                 assert np.array_equal(t2, t1) and s2 == s1, (n, frac, pad)
                 nz = want[:size // 32 * 32].reshape(-1, 32) != 0  # the blocks' nonzero slots, as bits

@@ -686,7 +686,7 @@ def _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
     if m == 8:
         return _nm_rank8(x, lo, hi, n, taken, use_taken, pad_tail, keys)
     if m <= _NM_NET:
-        return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, None)
+        return _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, None, keys)
     return _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys)
 
 
@@ -897,7 +897,8 @@ def _nm_blocks_of(net, x, lo, hi, n, m, taken, use_taken, pad_tail, keys, nzm):
     block 32 slots: _nm_span32 with the top-len(net) network alone; np.int8, every model's m in 17..32: the
     32-key sorting network's path alone (the CABS loop's first compile, 4 float32 models, cold cache: 32.5 ->
     18.6 s); None: _nm_blocks, every path for m compiled in (pairs, ranks, four networks, passes, bisection).
-    nzm: _nm_span32's row of the blocks' nonzero slots (the other paths leave it)."""
+    nzm: _nm_span32's row of the blocks' nonzero slots (the other paths leave it); keys: a scratch row of at least
+    max(m, _NM_ROW) (_NM_ROW >= _NM_SCR)."""
 
 
 @overload(_nm_blocks_of)
@@ -907,9 +908,9 @@ def _nm_blocks_of_impl(net, x, lo, hi, n, m, taken, use_taken, pad_tail, keys, n
                 _nm_blocks(x, lo, hi, n, m, taken, use_taken, pad_tail, keys))
     if isinstance(net, types.BaseTuple):
         return (lambda net, x, lo, hi, n, m, taken, use_taken, pad_tail, keys, nzm:
-                _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm))
+                _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm, keys))
     return (lambda net, x, lo, hi, n, m, taken, use_taken, pad_tail, keys, nzm:
-            _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, net))
+            _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, net, keys))
 
 
 def _nm_kept_of(net, tb, L, pat, h4, nzm, pairs):
@@ -941,7 +942,7 @@ def _nm_columns(x, lo, g, m, taken, use_taken, kt):
 
 
 @_jit
-def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32):
+def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32, scr):
     """nm_prune over the blocks in [lo, hi) for _NM_NET_MIN <= m <= _NM_NET, m not 4 or 8 (lo a multiple of
     m): per group of _NM_G whole blocks, each block's keys go to a column of kt (P = m rounded up to a power of
     two rows, the rows past m holding -2, below every key), one sorting network sorts every column at once and
@@ -956,9 +957,10 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32):
     P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
         P *= 2
-    kt = np.full(P * G, np.int32(-2), np.int32)
-    mk = np.empty(G, np.uint32)
-    sh = np.empty(G, np.int32)
+    kt = scr[:P * G]  # scr: an int32 scratch row of at least _NM_SCR (see _nm_span32)
+    kt[:] = np.int32(-2)
+    sh = scr[P * G:P * G + G]
+    mk = scr[P * G + G:P * G + 2 * G].view(np.uint32)
     zero = np.float32(0.0)
     one = np.uint32(1)
     short = 0
@@ -1182,17 +1184,20 @@ def nm_net_of(ms, ns):
 
 
 @_jit
-def _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm):
+def _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm, scr):
     """nm_prune over the blocks of 32 in [lo, hi) (lo a multiple of 32), min(n, 32) <= len(net): per group of
     _NM_G whole blocks, the keys in a row (vectorised), the row transposed into columns (_t16, twice), the top-L
     network's keep bits (_nm_top_of), applied two 16-lane vectors a block (_keep32), each whole block's slots
-    left nonzero into nzm[i] (bit j: slot j of block i from lo). The tail block by :func:`_nm_keys`. One thread, 2^21 + 37 float32 differences of bf16 values, 30 % of the slots taken, against
-    _nm_net_span (AVX-512): 4:32 0.85-0.86 -> 0.41-0.42 ns per element, 16:32 0.84-0.86 -> 0.44-0.46."""
+    left nonzero into nzm[i] (bit j: slot j of block i from lo). The tail block by :func:`_nm_keys`. scr: an
+    int32 scratch row of at least _NM_SCR (the one-pass loop calls this per span: its four rows allocated in each
+    call, spans of 2048, 4:32, one thread: 0.498 against 0.454 ns per element). One thread, 2^21 + 37 float32
+    differences of bf16 values, 30 % of the slots taken, against _nm_net_span (AVX-512): 4:32 0.85-0.86 -> 0.41-0.42
+    ns per element, 16:32 0.84-0.86 -> 0.44-0.46."""
     G = _NM_G
-    keys = np.empty(32 * G, np.int32)  # lanes past a last, partial group hold what they held: their bits unused
-    kt = np.empty(32 * G, np.int32)
-    mk = np.empty(G, np.uint32)
-    sh = np.empty(G, np.int32)
+    keys = scr[:32 * G]  # lanes past a last, partial group hold what they held: their bits unused
+    kt = scr[32 * G:64 * G]
+    sh = scr[64 * G:65 * G]
+    mk = scr[65 * G:66 * G].view(np.uint32)
     none = np.int32(-1)
     k = np.int32(min(n, 32))
     short = 0
@@ -1221,6 +1226,9 @@ def _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm):
     if s < hi:
         short += _nm_keys(x, s, hi, n, 32, taken, use_taken, pad_tail, keys)
     return short
+
+
+_NM_SCR = 66 * _NM_G  # _nm_span32's scratch row (int32)
 
 
 @_jit
@@ -2527,14 +2535,15 @@ def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv
 
 def _fused_hoisted(k: int, dare: bool, band: bool, windows: bool) -> list:
     """_fused_src's lines that read model k's scalars (and rows) before the loop."""
-    lines = [f"    r{k} = rs[{k}]", f"    t{k} = tv[{k}]", f"    f{k} = tf[{k}]", f"    d{k} = dv[{k}]", f"    w{k} = ws[{k}]"]
+    lines = [f"    r{k} = rs[{k}]", f"    t{k} = tv[{k}]", f"    f{k} = tf[{k}]", f"    d{k} = dv[{k}]",
+             f"    w{k} = ws[{k}]"]
     if dare:
         lines.append(f"    m{k} = ms[{k}]")
     if band:
         lines += [f"    u{k} = tv2[{k}]", f"    g{k} = tf2[{k}]"]
     if windows and band:
-        lines += [f"    l{k} = wl[0][{k}]", f"    m{k} = wl[1][{k}]", f"    n{k} = wl[2][{k}]", f"    z{k} = ww[0][{k}]",
-                  f"    y{k} = ww[1][{k}]"]
+        lines += [f"    l{k} = wl[0][{k}]", f"    m{k} = wl[1][{k}]", f"    n{k} = wl[2][{k}]",
+                  f"    z{k} = ww[0][{k}]", f"    y{k} = ww[1][{k}]"]
     elif windows:
         lines += [f"    l{k} = wl[{k}]", f"    z{k} = ww[{k}]"]
     return lines
