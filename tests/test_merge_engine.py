@@ -1130,6 +1130,24 @@ def test_deferred_band_merges_as_the_scan_bitwise():
 
 
 @needs_numba
+def test_marked_positions_are_listed_in_order():
+    """_list_marked lists exactly the positions whose marks share a bit with `bits`, in order: rows shorter and
+    longer than its 64-mark words, with a partial last word, none, some or every position marked."""
+    km = K._mod()
+    g = np.random.default_rng(1)
+    for n in (0, 1, 63, 64, 65, 127, 2047, 2048, 4113):
+        for share in (0.0, 0.03, 0.5, 1.0):
+            q = np.zeros(n, np.uint8)
+            hit = g.random(n) < share
+            q[hit] = g.integers(1, 256, int(hit.sum())).astype(np.uint8)
+            for bits in (0xFF, 0x01, 0x80, 0x06):
+                idx = np.full(n + 1, -7, np.int64)
+                c = km._list_marked(q, np.uint8(bits), idx)
+                want = np.nonzero(q & bits)[0]
+                assert c == len(want) and np.array_equal(idx[:c], want), (n, share, bits)
+
+
+@needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
     """The deferred pass's fused loop marks, exactly, bit k where model k's |tau| has float32 bits in [los[k],
     los[k] + wds[k]) (both signs, the window's last value in, its end out) and counts the positions marked; with

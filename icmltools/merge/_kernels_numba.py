@@ -2755,12 +2755,55 @@ def _above_impl(tv2, packed2, ab):
     return add
 
 
+@intrinsic
+def _marks64(typingctx, q, o, bits):
+    """The 64 bits of (q[o + i] & bits) != 0 for i < 64 (a contiguous uint8 row): one vector compare."""
+    if not (_c_rows(q) and q.dtype == types.uint8 and bits == types.uint8):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        i8, i32 = ir.IntType(8), ir.IntType(32)
+        v8 = ir.VectorType(i8, 64)
+        qa = context.make_array(signature.args[0])(context, builder, args[0])
+        x = builder.load(_ptr(builder, qa, context.cast(builder, args[1], signature.args[1], types.int64), v8), align=1)
+        b = builder.insert_element(ir.Constant(v8, None), args[2], ir.Constant(i32, 0))
+        b = builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(i32, 64), [ir.Constant(i32, 0)] * 64))
+        m = builder.icmp_unsigned("!=", builder.and_(x, b), ir.Constant(v8, [ir.Constant(i8, 0)] * 64))
+        return builder.bitcast(m, ir.IntType(64))
+    return types.uint64(q, o, bits), codegen
+
+
+@intrinsic
+def _tz(typingctx, x):
+    """The trailing zero bits of a nonzero uint64 (llvm.cttz: one instruction where the CPU has it), as int64."""
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+    return types.int64(x), codegen
+
+
 @_jit
 def _list_marked(q, bits, idx):
-    """idx[:c] = the positions j of q (uint8 marks) with q[j] & bits nonzero, in order, without a branch per
-    position; returns c (deferred pass: the positions in a window; deferred select: a model's entries)."""
+    """idx[:c] = the positions j of q (uint8 marks) with q[j] & bits nonzero, in order; returns c (deferred pass:
+    the positions in a window; deferred select: a model's entries). 64 marks at a time as the bits of one
+    compare (_marks64), their set bits walked; the tail branch-free. 2048-byte blocks, one thread, against a
+    branch-free loop over every byte: 1 % marked 0.275 -> 0.119 ns per byte, 4 % 0.274 -> 0.179, 10 % 0.268 ->
+    0.21, 30 % 0.286 -> 0.318."""
     c = 0
-    for j in range(q.shape[0]):
+    n64 = q.shape[0] // 64
+    for i in range(n64):
+        m = _marks64(q, 64 * i, bits)
+        while m != np.uint64(0):
+            idx[c] = 64 * i + _tz(m)
+            c += 1
+            m &= m - np.uint64(1)
+    for j in range(n64 * 64, q.shape[0]):
         idx[c] = j
         c += (q[j] & bits) != np.uint8(0)
     return c
