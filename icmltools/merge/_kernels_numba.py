@@ -1040,7 +1040,7 @@ def _keep32_of(mark: bool):
     def keep32(typingctx, x, o, taken, bits):
         """x[o + j] = x[o + j] if bit j of `bits` is set else 0 for j < 32 (and, `mark`, taken[o + j] |= the bit): a
         select on two 16-lane vectors. Written in a loop, LLVM made this a scalar store per slot (0.37 ns per
-        element, in cache; one thread, AVX-512). Returns the bits of the slots left nonzero (x != 0, as
+        element over 2^21 elements; one thread, AVX-512). Returns the bits of the slots left nonzero (x != 0, as
         _kept_bits tests: NaN is nonzero, -0.0 is not)."""
         if not (_c_rows(x, taken) and x.dtype == types.float32 and taken.dtype == types.boolean):
             return None
