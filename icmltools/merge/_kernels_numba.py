@@ -855,13 +855,15 @@ def _net_src(P: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _net_stub(P: int):
+def _net_stub(P: int, src=None):
+    """A network over the _NM_G lanes of kt, its source `src(P)` (default _net_src; _tree_src for the top-L
+    networks, which take no r), generated when compiled."""
     def net(kt, r, k, mk, sh):
-        """The sorting network for P keys (generated when compiled, see _net_src)."""
+        """A network (generated when compiled, see _net_stub)."""
 
     @overload(net)
     def _impl(kt, r, k, mk, sh):
-        return _defined(_net_src(P))
+        return _defined((src or _net_src)(P))
     return net
 
 
@@ -1004,7 +1006,8 @@ def _t16(typingctx, src, so, ss, dst, do):
     """dst[do + 16 i + l] = src[so + l ss + i] for i, l < 16 (contiguous int32 rows): a 16 x 16 transposition in
     vector registers, written as LLVM IR (four rounds of 16 two-source shuffles, each round swapping the
     off-diagonal quarters of blocks half as large as the last). _nm_columns' scalar stores wrote about one key a
-    cycle; this, in cache, 0.08 ns per key (one thread, AVX-512)."""
+    cycle; this, in cache, 0.08 ns per key (one thread, AVX-512). No bounds check: the caller's rows hold the
+    tile."""
     if not (_c_rows(src, dst) and src.dtype == dst.dtype == types.int32):
         return None
 
@@ -1041,7 +1044,7 @@ def _keep32_of(mark: bool):
         """x[o + j] = x[o + j] if bit j of `bits` is set else 0 for j < 32 (and, `mark`, taken[o + j] |= the bit): a
         select on two 16-lane vectors. Written in a loop, LLVM made this a scalar store per slot (0.37 ns per
         element over 2^21 elements; one thread, AVX-512). Returns the bits of the slots left nonzero (x != 0, as
-        _kept_bits tests: NaN is nonzero, -0.0 is not)."""
+        _kept_bits tests: NaN is nonzero, -0.0 is not). No bounds check: the caller's rows hold the block."""
         if not (_c_rows(x, taken) and x.dtype == types.float32 and taken.dtype == types.boolean):
             return None
 
@@ -1093,8 +1096,8 @@ def _tree_pairs(L: int) -> list:
     """A network that leaves, in slots 0..L-1 (ascending), the L largest of 32 keys (L a power of two <= 32), as
     its compare-exchange pairs (a, b): min to a, max to b. Batcher's network sorts each group of L slots; then
     pairs of groups merge, the first keeping the top L: its slot i takes the larger of its own i-th and the other
-    group's (L-1-i)-th (a bitonic sequence), then L/2 log2 L half-cleaners sort it. For the top 4 of 32, 159
-    min/max against the 382 of the full sort."""
+    group's (L-1-i)-th (a bitonic sequence), then L/2 log2 L half-cleaners sort it. Pruned to the pairs that
+    reach the top L (_tree_src): 96 pairs, 159 min/max, for the top 4 of 32, against the full sort's 191 and 382."""
     groups = [list(range(g, g + L)) for g in range(0, 32, L)]
     pairs = [(g[i], g[j]) for g in groups for i, j in _batcher_pairs(L)]
     while len(groups) > 1:
@@ -1122,7 +1125,7 @@ def _tree_src(L: int) -> str:
         if a in need or b in need:
             kept.append((a, b, a in need, b in need))
             need |= {a, b}
-    lines = ["def f(kt, k, mk, sh):", f"    for b in range({G}):"]
+    lines = ["def f(kt, r, k, mk, sh):", f"    for b in range({G}):"]  # r: _net_src's, unused
     lines += [f"        v{i} = kt[{i * G} + b]" for i in sorted(need)]
     for a, b, lo, hi in reversed(kept):
         if lo and hi:
@@ -1148,17 +1151,7 @@ def _tree_src(L: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _tree_stub(L: int):
-    def top(kt, k, mk, sh):
-        """The top-L network over 32 keys (generated when compiled, see _tree_src)."""
-
-    @overload(top)
-    def _impl(kt, k, mk, sh):
-        return _defined(_tree_src(L))
-    return top
-
-
-_NM_TOPS = {L: _tree_stub(L) for L in (1, 2, 4, 8, 16, 32)}
+_NM_TOPS = {L: _net_stub(L, _tree_src) for L in (1, 2, 4, 8, 16, 32)}
 
 
 def _nm_top_of(net, kt, k, mk, sh):
@@ -1168,7 +1161,7 @@ def _nm_top_of(net, kt, k, mk, sh):
 @overload(_nm_top_of)
 def _nm_top_of_impl(net, kt, k, mk, sh):
     top = _NM_TOPS[net.count]
-    return lambda net, kt, k, mk, sh: top(kt, k, mk, sh)
+    return lambda net, kt, k, mk, sh: top(kt, 0, k, mk, sh)
 
 
 def nm_net_of(ms, ns):
@@ -2757,7 +2750,8 @@ def _above_impl(tv2, packed2, ab):
 
 @intrinsic
 def _marks64(typingctx, q, o, bits):
-    """The 64 bits of (q[o + i] & bits) != 0 for i < 64 (a contiguous uint8 row): one vector compare."""
+    """The 64 bits of (q[o + i] & bits) != 0 for i < 64 (a contiguous uint8 row): one vector compare. No bounds
+    check: the caller's row holds q[o:o + 64]."""
     if not (_c_rows(q) and q.dtype == types.uint8 and bits == types.uint8):
         return None
 
