@@ -2813,7 +2813,6 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     raw elements).
     Returns (non-finite flag, nonzeros, non-finite output flag, end of the stored entries, or -1 past `cap`). With
     `emit` the output is written block by block and out is not touched."""
-    K = len(raws)
     pt = np.empty(_BLOCK, np.uint8)
     pp = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
@@ -2837,18 +2836,31 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
             bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
         if c == 0:
             continue
-        hits = _list_marked(pp[:L], np.uint8(0xFF), idx)  # the positions in a window
-        if m + hits > cap:  # the marks' own count: the stores stay inside the piece's share whatever c says
+        m = _store_marked(pp[:L], idx, s, base, rs, pos, pat, vals, m, cap)  # the positions in a window
+        if m < 0:
             return bad, nz, bo, -1
-        for i in range(hits):
-            j = idx[i]
-            pos[m] = s + j
-            pat[m] = pp[j]
-            vals[0, m] = base[s + j]
-            for k in range(K):
-                vals[1 + k, m] = rs[k][j]
-            m += 1
     return bad, nz, bo, m
+
+
+@_jit
+def _store_marked(pp, idx, s, base, rs, pos, pat, vals, m, end):
+    """The positions of the block at s that pp marks (any bit) stored as entries from index m on: pat[m] = the
+    marks, vals[:, m] = the base's then each model's raw element, pos[m] = the position (pos None: not stored).
+    Returns the entries' new end, or -1 (nothing stored) where they would pass `end`: the marks' own count
+    decides, so the stores stay inside the piece's share whatever the loop counted."""
+    hits = _list_marked(pp, np.uint8(0xFF), idx)
+    if m + hits > end:
+        return -1
+    for i in range(hits):
+        j = idx[i]
+        if pos is not None:
+            pos[m] = s + j
+        pat[m] = pp[j]
+        vals[0, m] = base[s + j]
+        for k in range(len(rs)):
+            vals[1 + k, m] = rs[k][j]
+        m += 1
+    return m
 
 
 def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws, consensus, normalize, out, oraw, sc,
@@ -3409,17 +3421,9 @@ def _ca_scan_piece(p, T, phase, base, raws, his, los, wds, pat, vals, cap, ab, r
         bad += b
         if c == 0:
             continue
-        hits = _list_marked(pp[:e - s], np.uint8(0xFF), idx)
-        if m + hits > end:
-            m = -1
+        m = _store_marked(pp[:e - s], idx, s, base, rs, None, pat, vals, m, end)
+        if m < 0:
             break
-        for i in range(hits):
-            j = idx[i]
-            pat[m] = pp[j]
-            vals[0, m] = base[s + j]
-            for k in range(len(rs)):
-                vals[1 + k, m] = rs[k][j]
-            m += 1
     res[p, 0] = bad
     res[p, 1] = m
 

@@ -171,7 +171,7 @@ def radix_select_tau(raw, base, ks, taken=None):
     los: dict = {}
     wins = []
     if WINDOW_MIN <= n < 1 << 31 and any(0 < k < n for k in ks):
-        starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+        starts = _sample_starts(n)
         sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
         km.sample_hi_tau(r, b, tk, starts, _SAMPLE_WIDTH, sample)
         wins = bucket_windows(np.bincount(sample, minlength=1 << 15), ks, n)
@@ -200,6 +200,16 @@ def radix_select_tau(raw, base, ks, taken=None):
 
 WINDOW_MIN = 1 << 21  # smaller tensors: the low pass is short, no sample
 _SAMPLE_BLOCKS, _SAMPLE_WIDTH = 256, 256  # the sample: 256 runs of 256 elements, evenly spaced (2^16 elements)
+
+
+def _sample_starts(n: int):
+    """The first element of each of the sample's runs over a tensor of n elements (evenly spaced, the last at
+    its end): for radix_select_tau, topk_merge_deferred and ca_thresholds alike."""
+    import numpy as np
+
+    return (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+
+
 _WINDOW_MOST = 6  # buckets per window
 WINDOWS = {"hit": 0, "missed": 0, "none": 0}  # selections whose buckets were all in the windows, not, no windows
 
@@ -679,7 +689,7 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in kk[0] + kk[1]) or K > 8:
         return None
     km = _mod()
-    starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+    starts = _sample_starts(n)
     sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
     los, wds, top_at, share = [[], []], [[], []], [], 0.0
     for k in range(K):
@@ -901,7 +911,7 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         r = ks[k] - above[k] - got
         if not 0 < r <= c:  # the threshold lies outside the window
             return None
-        inw = np.concatenate([cand[o:o + n] for o, n in zip(offs, res[:, 1])])  # each region's, compacted
+        inw = np.concatenate([cand[o:o + m] for o, m in zip(offs, res[:, 1])])  # each region's, compacted
         inw.sort()  # not partition: |tau| ties by the 100,000 here (bf16), which made numpy's introselect take
         thr[k] = inw[c - r]  # 9-14 ms on 0.8-1.2M candidates, its sort 1 ms
         km.ca_taken(pat, first, ends, offs, tk, k, ub, thr[k])
@@ -917,7 +927,7 @@ def _ca_windows(b, rs, ks, n: int):
     one at bucket 0 (the zeros of the kept slots would count in it), or the windows hold more than _DEFER_MOST."""
     import numpy as np
 
-    starts = (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+    starts = _sample_starts(n)
     S, K = _SAMPLE_BLOCKS * _SAMPLE_WIDTH, len(rs)
     us, counts = np.empty((K, S), np.uint32), np.zeros((K, 1 << 15), np.int64)
     qs = np.array([min(S, max(1, round(k / n * S))) for k in ks], np.int64)
