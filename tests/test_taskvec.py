@@ -305,6 +305,47 @@ def _big_sd(n_elems=(1, 4095, 2048, 3000, 0, 70001)):
     return sd
 
 
+def _offsets(path) -> list:
+    import struct
+
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    header.pop("__metadata__", None)
+    return sorted(header, key=lambda k: header[k]["data_offsets"][0])
+
+
+def test_a_file_ending_in_its_largest_tensor_writes_it_first(tmp_path):
+    """A safetensors file whose last tensor is its largest (or as large as the largest) writes it first, the others
+    in order: every tensor reads back the same. Files ending otherwise, and torch files, keep the base's order."""
+    g = torch.Generator().manual_seed(5)
+    sd = {"embed": torch.randn(40, 8, generator=g).to(torch.bfloat16), "norm": torch.randn(8, generator=g),
+          "layer.w": torch.randn(16, 8, generator=g).to(torch.bfloat16),
+          "head": torch.randn(40, 8, generator=g).to(torch.bfloat16)}
+    base = MemoryReader(sd, fmt="safetensors")
+    order = list(base.keys())
+    assert order[-1] == "head"
+    for fmt, path in [("safetensors", tmp_path / "m.safetensors"), ("hf_safetensors", tmp_path / "hf")]:
+        with CheckpointWriter(base, path, fmt=fmt) as w:
+            assert w.order == ["head"] + order[:-1]
+            for n in w.order:
+                w.write(n, sd[n])
+        got = open_checkpoint(path)
+        assert _same(sd, got)
+        assert _offsets(path if fmt == "safetensors" else path / "model.safetensors") == w.order
+    assert CheckpointWriter(base, tmp_path / "t.pt", fmt="torch").order == order  # the order, nothing opened
+    small_last = MemoryReader({k: sd[k] for k in ["embed", "layer.w", "head", "norm"]}, fmt="safetensors")
+    assert CheckpointWriter(small_last, tmp_path / "s.safetensors").order == list(small_last.keys())
+    shards = [["embed", "norm"], ["layer.w", "head"]]
+    write_state_dict(sd, tmp_path / "sh", fmt="hf_safetensors", shards=shards)
+    sharded = open_checkpoint(tmp_path / "sh")
+    with CheckpointWriter(sharded, tmp_path / "sh2", fmt="hf_safetensors") as w:
+        assert w.order == ["embed", "norm", "head", "layer.w"]
+        for n in w.order:
+            w.write(n, sd[n])
+    assert _same(sd, open_checkpoint(tmp_path / "sh2"))
+
+
 @pytest.mark.parametrize("stage", [4096, 8192, 1 << 20])
 def test_direct_io_output_is_byte_identical(tmp_path, monkeypatch, stage):
     """O_DIRECT (every size here, staging buffers that fill mid-tensor and a tail that is not a whole block) writes

@@ -170,6 +170,18 @@ class _StreamingSafetensorsFile:
         return self.pos == len(self.pending)
 
 
+def _largest_last_first(names, specs) -> list:
+    """A safetensors file's tensors in `names`' order, except that a last tensor at least as large as every other
+    one goes first. A streamed file is written in its own order, so the tensor merged last is written after every
+    other one: a Llama checkpoint's lm_head (131 MB in the merge benchmark's bf16 files) was written alone after
+    the merge's last computation, 0.07 s of a 1.1 s TIES merge; first in its file, it is written while the rest
+    is merged. The header gives every tensor's offsets: readers find the tensors in any order."""
+    names = list(names)
+    if len(names) > 1 and all(specs[names[-1]].nbytes >= specs[n].nbytes for n in names[:-1]):
+        return names[-1:] + names[:-1]
+    return names
+
+
 class CheckpointWriter:
     """Write a checkpoint shaped like `base` tensor by tensor, atomically; use as a context manager.
 
@@ -196,6 +208,8 @@ class CheckpointWriter:
                 self.layout.append((fname, list(names)))
         else:
             self.layout = [(self.path.name, base.keys())]
+        if self.fmt.endswith("safetensors"):
+            self.layout = [(fname, _largest_last_first(names, base.specs)) for fname, names in self.layout]
         self.order = [n for _, names in self.layout for n in names]
         self._stack = contextlib.ExitStack()
         self._cur = None
