@@ -395,6 +395,37 @@ def test_numba_loads_cached_loops_without_its_registries_and_compiles_as_before(
     assert run("import numba.core.runtime\n" + raising + probe) == ["2", "1", "True"]
 
 
+def test_numba_loads_cached_loops_without_parsing_their_bitcode_and_links_them_when_asked():
+    """A cached loop loads and runs with its module's bitcode kept as bytes (unparsed); a compile in the same process
+    of a new function calling it parses it then (the link) and the new function's result is right; the engine
+    still answers for the loaded loop's symbols, and for none it lacks."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    probe = ("import numba, numpy as np, torch\n"
+             "from icmltools.merge import kernels as K\n"
+             "M = K._mod()\n"
+             "print(M._round_bf16(np.float32(1.0)))\n"
+             "ov = M._round_bf16.overloads[M._round_bf16.signatures[0]]\n"
+             "print(sum(M._round_bf16.stats.cache_hits.values()), '_icml_bitcode' in ov.library.__dict__)\n")
+    later = ("g = numba.njit(lambda x: M._round_bf16(x) + np.uint16(1))\n"
+             "print(g(np.float32(-2.5)), '_icml_bitcode' in ov.library.__dict__)\n"
+             "ee = ov.library._codegen._engine\n"
+             "print(ee.is_symbol_defined(ov.fndesc.llvm_func_name), ee.is_symbol_defined('no_such_symbol'))\n")
+
+    def run(code):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    run(probe)  # compiles and caches the loop if this checkout has not yet
+    got = run(probe + later)
+    if got[1] == "0":
+        pytest.skip("numba could not cache the loop here (no cache hit to load)")
+    assert got == ["16256", "1", "True", str(0xC020 + 1), "False", "True", "False"]
+
+
 def test_a_swallowed_ctrl_c_still_ends_the_command_as_interrupted(tmp_path):
     """A library that catches the KeyboardInterrupt of a Ctrl-C and goes on (a callback from C does: PySCIPOpt's
     printed it and SCIP's teardown went on, seen 2026-12-02) must not let the command finish as if none had
