@@ -1148,6 +1148,50 @@ def test_marked_positions_are_listed_in_order():
 
 
 @needs_numba
+def test_marked_entries_packed_in_registers_equal_the_listed_ones():
+    """_store_packed (64 positions compressed in vector registers, where the CPU has AVX-512 VBMI2) stores exactly
+    the entries _store_listed stores, whatever the block (a partial last word, none to every position marked),
+    the dtype (bf16 bits, float32), the model count, with or without positions, rows of a column slice (the
+    pass's own), and room (the share's end within 64 of the start: one by one, or overflowing: -1 for both);
+    neither writes before the start or past the end."""
+    km = K._mod()
+    if not km._target_has("avx512f", "avx512bw", "avx512vbmi2"):
+        pytest.skip("numba's target lacks AVX-512 VBMI2: the listed path is the only one")
+    g = np.random.default_rng(4)
+    for trial in range(240):
+        L = int(g.choice([1, 63, 64, 65, 200, 2047, 2048]))
+        s = int(g.integers(0, 300))
+        share = float(g.choice([0.0, 0.02, 0.3, 1.0]))
+        pp = ((g.random(L) < share) * g.integers(1, 256, L)).astype(np.uint8)
+        dt = (np.uint16, np.float32)[trial % 2]
+        base = g.integers(0, 1 << 16, s + L).astype(dt)
+        rs = tuple(g.integers(0, 1 << 16, L).astype(dt) for _ in range(int(g.integers(1, 9))))
+        m0, cap = 3, int(g.integers(5, L + 80))  # the end, cap - 2, at the start or after it
+        got = []
+        for store in ("listed", "packed"):
+            pos = np.full(cap + 5, -7, np.int32) if trial % 3 else None
+            pat = np.full(cap + 5, 99, np.uint8)
+            whole = np.full((len(rs) + 1, cap + 9), 7, dt)
+            vals = whole[:, 2:cap + 7]  # a column slice, as the pass's share of the rows
+            idx = np.empty(L, np.int64)
+            args = (pp, idx, s, base, rs, None if pos is None else pos[:cap], pat[:cap], vals[:, :cap - 2], m0,
+                    cap - 2)
+            m = getattr(km, f"_store_{store}")(*args)
+            got.append((m, pos, pat, whole))
+        (m, pos, pat, whole), (m2, pos2, pat2, whole2) = got
+        want = np.nonzero(pp)[0]
+        assert m == m2 == (m0 + len(want) if m0 + len(want) <= cap - 2 else -1), (trial, m, m2)
+        end = m if m >= 0 else m0
+        assert np.array_equal(pat[:end], pat2[:end]) and np.array_equal(whole[:, :end + 2], whole2[:, :end + 2])
+        assert pos is None or np.array_equal(pos[:end], pos2[:end])
+        assert (pat2[:m0] == 99).all() and (whole2[:, :m0 + 2] == 7).all() and (whole2[:, cap:] == 7).all()
+        assert (pat2[cap - 2:] == 99).all() and (pos2 is None or (pos2[cap - 2:] == -7).all())
+        if m >= 0:
+            assert np.array_equal(pat2[m0:m], pp[want]) and np.array_equal(whole2[0, m0 + 2:m + 2], base[s + want])
+            assert pos2 is None or np.array_equal(pos2[m0:m], s + want)
+
+
+@needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
     """The deferred pass's fused loop marks, exactly, bit k where model k's |tau| has float32 bits in [los[k],
     los[k] + wds[k]) (both signs, the window's last value in, its end out) and counts the positions marked; with

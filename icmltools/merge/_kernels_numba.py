@@ -1001,6 +1001,11 @@ def _c_rows(*arrays):
     return all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays)
 
 
+def _flat_rows(*arrays):
+    """One-dimensional arrays, of any layout."""
+    return all(isinstance(a, types.Array) and a.ndim == 1 for a in arrays)
+
+
 @intrinsic
 def _t16(typingctx, src, so, ss, dst, do):
     """dst[do + 16 i + l] = src[so + l ss + i] for i, l < 16 (contiguous int32 rows): a 16 x 16 transposition in
@@ -2782,6 +2787,100 @@ def _tz(typingctx, x):
     return types.int64(x), codegen
 
 
+def _compress_call(context, builder, vec, mask, lanes: int, bits: int):
+    """vec's lanes whose mask bit is set, moved to the low lanes in order, the rest zero (llvm.x86 compress:
+    vpcompress into a register)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    vt = ir.VectorType(ir.IntType(bits), lanes)
+    fnty = ir.FunctionType(vt, [vt, vt, ir.VectorType(ir.IntType(1), lanes)])
+    fn = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.x86.avx512.mask.compress.v{lanes}i{bits}")
+    return builder.call(fn, [vec, ir.Constant(vt, None), mask])
+
+
+def _compress_parts(context, builder, m, dst, do, lanes: int, part):
+    """Store part(p) compressed by its 64 / lanes bits of the uint64 mask m, for each part p of 64 / lanes, whole
+    (lanes elements) at dst's element do + the set bits of the parts before it (dst: a numba array struct)."""
+    from llvmlite import ir
+
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    mask = builder.bitcast(m, ir.VectorType(ir.IntType(1), 64))
+    for p in range(64 // lanes):
+        sub = builder.shuffle_vector(mask, mask, ir.Constant(ir.VectorType(i32, lanes), list(range(p * lanes,
+                                                                                                   (p + 1) * lanes))))
+        packed = part(p, sub)
+        builder.store(packed, builder.bitcast(builder.gep(dst.data, [do]), packed.type.as_pointer()), align=1)
+        if p < 64 // lanes - 1:
+            do = builder.add(do, builder.zext(builder.ctpop(builder.bitcast(sub, ir.IntType(lanes))), i64))
+
+
+@intrinsic
+def _packed64(typingctx, src, so, m, dst, do):
+    """dst[do:do + popcount(m)] = the elements src[so + i] (i < 64) whose bit i of m is set, in order (rows of the
+    same 8-, 16- or 32-bit dtype): compressed in vector registers (needs AVX-512 VBMI2 for 8 and 16 bits), each
+    512-bit part stored whole, so dst[do:do + 64] is written (beyond the count: zeros or the next part). No bounds
+    check: the caller's rows hold src[so:so + 64] and dst[do:do + 64]; dst may be typed non-contiguous (a row of a
+    column slice), its elements adjacent all the same (the caller checks)."""
+    if not (_c_rows(src) and _flat_rows(dst) and src.dtype == dst.dtype and src.dtype.bitwidth in (8, 16, 32) and m == types.uint64):
+        return None
+    bits = src.dtype.bitwidth
+    lanes = 512 // bits
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        vt = ir.VectorType(ir.IntType(bits), lanes)
+        sa = context.make_array(signature.args[0])(context, builder, args[0])
+        da = context.make_array(signature.args[3])(context, builder, args[3])
+        so = context.cast(builder, args[1], signature.args[1], types.int64)
+
+        def part(p, sub):
+            at = builder.add(so, ir.Constant(ir.IntType(64), p * lanes))
+            return _compress_call(context, builder, builder.load(_ptr(builder, sa, at, vt), align=1), sub, lanes,
+                                  bits)
+        _compress_parts(context, builder, args[2], da, context.cast(builder, args[4], signature.args[4], types.int64),
+                        lanes, part)
+        return context.get_dummy_value()
+    return types.void(src, so, m, dst, do), codegen
+
+
+@intrinsic
+def _iota64(typingctx, first, m, dst, do):
+    """dst[do:do + popcount(m)] = first + i for the bits i (< 64) set in m, in order (an int32 row), as _packed64
+    (dst[do:do + 64] written). No bounds check."""
+    if not (_c_rows(dst) and dst.dtype == types.int32 and m == types.uint64 and isinstance(first, types.Integer)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+
+        i32 = ir.IntType(32)
+        vt = ir.VectorType(i32, 16)
+        f = builder.trunc(context.cast(builder, args[0], signature.args[0], types.int64), i32)
+        fs = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), f, ir.Constant(i32, 0)),
+                                    ir.Constant(vt, None), ir.Constant(vt, [0] * 16))
+
+        def part(p, sub):
+            return _compress_call(context, builder, builder.add(fs, ir.Constant(vt, list(range(16 * p, 16 * p + 16)))),
+                                  sub, 16, 32)
+        _compress_parts(context, builder, args[1], context.make_array(signature.args[2])(context, builder, args[2]),
+                        context.cast(builder, args[3], signature.args[3], types.int64), 16, part)
+        return context.get_dummy_value()
+    return types.void(first, m, dst, do), codegen
+
+
+@intrinsic
+def _popc64(typingctx, x):
+    """The set bits of a uint64 (llvm.ctpop), as int64."""
+    if x != types.uint64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.ctpop(args[0])
+    return types.int64(x), codegen
+
+
 @_jit
 def _list_marked(q, bits, idx):
     """idx[:c] = the positions j of q (uint8 marks) with q[j] & bits nonzero, in order; returns c (deferred pass:
@@ -2842,12 +2941,43 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     return bad, nz, bo, m
 
 
-@_jit
 def _store_marked(pp, idx, s, base, rs, pos, pat, vals, m, end):
     """The positions of the block at s that pp marks (any bit) stored as entries from index m on: pat[m] = the
     marks, vals[:, m] = the base's then each model's raw element, pos[m] = the position (pos None: not stored).
-    Returns the entries' new end, or -1 (nothing stored) where they would pass `end`: the marks' own count
-    decides, so the stores stay inside the piece's share whatever the loop counted."""
+    Returns the entries' new end, or -1 where they would pass `end`: the marks' own count decides, so the stores
+    stay inside the piece's share whatever the loop counted (slots from the returned end on may hold leftovers).
+    Where numba's target has AVX-512 VBMI2, 64 positions at a time compressed in vector registers
+    (_store_packed), else listed and copied one by one (_store_listed)."""
+
+
+@overload(_store_marked)
+def _store_marked_impl(pp, idx, s, base, rs, pos, pat, vals, m, end):
+    if _target_has("avx512f", "avx512bw", "avx512vbmi2"):
+        return lambda pp, idx, s, base, rs, pos, pat, vals, m, end: _store_packed(pp, idx, s, base, rs, pos, pat, vals,
+                                                                                  m, end)
+    return lambda pp, idx, s, base, rs, pos, pat, vals, m, end: _store_listed(pp, idx, s, base, rs, pos, pat, vals, m,
+                                                                              end)
+
+
+def _target_has(*features) -> bool:
+    """Whether numba's target CPU has every one of `features` (LLVM's names, without the sign): its CPU_FEATURES
+    where set (see core.device._wide_vectors), else the host's; False where a CPU is named without features."""
+    config = numba.config
+    if config.CPU_FEATURES is not None:
+        have = config.CPU_FEATURES
+    elif config.CPU_NAME is not None:
+        return False
+    else:
+        import llvmlite.binding as ll
+
+        have = ll.get_host_cpu_features().flatten()
+    have = set(have.split(","))
+    return all("+" + f in have for f in features)
+
+
+@_jit
+def _store_listed(pp, idx, s, base, rs, pos, pat, vals, m, end):
+    """_store_marked through the listed positions (_list_marked), copied one by one."""
     hits = _list_marked(pp, np.uint8(0xFF), idx)
     if m + hits > end:
         return -1
@@ -2860,6 +2990,52 @@ def _store_marked(pp, idx, s, base, rs, pos, pat, vals, m, end):
         for k in range(len(rs)):
             vals[1 + k, m] = rs[k][j]
         m += 1
+    return m
+
+
+@_jit
+def _store_packed(pp, idx, s, base, rs, pos, pat, vals, m, end):
+    """_store_marked 64 positions at a time: their marks as the bits of one compare (_marks64), then each row's
+    marked elements compressed in registers and stored whole (_packed64, _iota64: room for 64 from m needed),
+    the entries advancing by the bits' count; positions within 64 of `end`, and the block's tail, one by one. In
+    the deferred pass (one thread, 2^24 elements x 4 bf16 models, 4.5 % of them entries): 0.35 -> 0.2 ns per
+    element for the stores, the listing included. Rows of vals whose elements are not adjacent (never here): listed."""
+    if vals.strides[1] != vals.itemsize:
+        return _store_listed(pp, idx, s, base, rs, pos, pat, vals, m, end)
+    n64 = pp.shape[0] // 64
+    for i in range(n64):
+        mm = _marks64(pp, 64 * i, np.uint8(0xFF))
+        if mm == np.uint64(0):
+            continue
+        if m + 64 > end:
+            m = _store_one_by_one(pp, 64 * i, 64 * i + 64, s, base, rs, pos, pat, vals, m, end)
+            if m < 0:
+                return -1
+            continue
+        if pos is not None:
+            _iota64(s + 64 * i, mm, pos, m)
+        _packed64(pp, 64 * i, mm, pat, m)
+        _packed64(base, s + 64 * i, mm, vals[0], m)
+        for k in range(len(rs)):
+            _packed64(rs[k], 64 * i, mm, vals[1 + k], m)
+        m += _popc64(mm)
+    return _store_one_by_one(pp, 64 * n64, pp.shape[0], s, base, rs, pos, pat, vals, m, end)
+
+
+@_jit
+def _store_one_by_one(pp, a, b, s, base, rs, pos, pat, vals, m, end):
+    """The marked positions of pp[a:b] stored as _store_marked's entries, one by one; -1 past `end`."""
+    for j in range(a, b):
+        if pp[j] != np.uint8(0):
+            if m >= end:
+                return -1
+            if pos is not None:
+                pos[m] = s + j
+            pat[m] = pp[j]
+            vals[0, m] = base[s + j]
+            for k in range(len(rs)):
+                vals[1 + k, m] = rs[k][j]
+            m += 1
     return m
 
 
