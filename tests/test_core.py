@@ -426,6 +426,40 @@ def test_numba_loads_cached_loops_without_parsing_their_bitcode_and_links_them_w
     assert got == ["16256", "1", "True", str(0xC020 + 1), "False", "True", "False"]
 
 
+def test_numba_runtime_loads_from_its_cache_file_and_recompiles_a_corrupt_one(tmp_path):
+    """numba's runtime is compiled once and written to a cache file (NUMBA_CACHE_DIR); the next process loads it
+    from there (its bitcode unparsed, as a cached loop's) and the loops and a new compile work; a file whose
+    bytes no longer match its SHA-256 is compiled again (and rewritten), with the same results."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    code = ("import numba, numpy as np, torch\n"
+            "from icmltools.merge import kernels as K\n"
+            "print(K.count_nonzero(torch.tensor([0.0, 2.0, -1.0])))\n"
+            "from numba.core.runtime import rtsys\n"
+            "print('_icml_bitcode' in rtsys.library.__dict__)\n"
+            "g = numba.njit(lambda n: np.arange(n).sum())\n"
+            "print(g(5))\n")
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert run() == ["2", "False", "10"]  # compiled (the loops too, in this new cache folder), then written
+    files = list(tmp_path.glob("icml-nrt-*.bin"))
+    assert len(files) == 1
+    assert run() == ["2", "True", "10"]  # loaded from the file
+    raw = bytearray(files[0].read_bytes())
+    raw[-1] ^= 1
+    files[0].write_bytes(bytes(raw))
+    assert run() == ["2", "False", "10"]  # the damaged file refused: compiled, and written again
+    assert run() == ["2", "True", "10"]
+
+
 def test_a_swallowed_ctrl_c_still_ends_the_command_as_interrupted(tmp_path):
     """A library that catches the KeyboardInterrupt of a Ctrl-C and goes on (a callback from C does: PySCIPOpt's
     printed it and SCIP's teardown went on, seen 2026-12-02) must not let the command finish as if none had
