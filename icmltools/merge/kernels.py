@@ -932,7 +932,7 @@ def _ca_windows(b, rs, ks, n: int):
     us, counts = np.empty((K, S), np.uint32), np.zeros((K, 1 << 15), np.int64)
     qs = np.array([min(S, max(1, round(k / n * S))) for k in ks], np.int64)
     _mod().ca_sample(b, rs, starts, _SAMPLE_WIDTH, qs, us, counts)
-    los, wds, inside = [], [], np.zeros(S, np.bool_)
+    los, wds = [], []
     for j, k in enumerate(ks):
         w = bucket_windows(counts[j], [k], n, most=1 << 15)  # no cap: the pass stores entries, no rows
         if len(w) != 1 or w[0][0] == 0:
@@ -940,12 +940,11 @@ def _ca_windows(b, rs, ks, n: int):
         (s, width), = w
         los.append(s << 16)
         wds.append(width << 16)
-        d = (us[j] >> 16).astype(np.int64) - s
-        inside |= (d >= 0) & (d < width)  # the slots taken are 0: outside any window (none at bucket 0)
-    share = float(inside.mean())
+    los, wds = np.array(los, np.uint32), np.array(wds, np.uint32)
+    share = _mod().ca_share(us, los, wds) / S  # the slots taken are 0: outside any window (none at bucket 0)
     if share > _DEFER_MOST:
         return None
-    return np.array(los, np.uint32), np.array(wds, np.uint32), share
+    return los, wds, share
 
 
 def apply_raw(base, merged, lam: float, sign: int, out):
