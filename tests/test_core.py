@@ -360,13 +360,32 @@ def test_numba_compiles_with_wide_vectors_where_the_host_has_avx512(tmp_path):
     assert run(NUMBA_CPU_FEATURES="+64bit,+sse2", NUMBA_CACHE_DIR=str(tmp_path))[1:] == ["False", "False", "2"]
 
 
+def _python(code: str, **env) -> list:
+    """The words a fresh Python prints running `code` (with `env` added to the environment); it must succeed."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+def _cached_run(probe: str, later: str) -> list:
+    """`probe` run once (it compiles and caches its loop if this checkout has not yet), then `probe` + `later` in a
+    fresh process, whose words are returned; skipped where the probe's second word says no loop came from the
+    cache."""
+    _python(probe)
+    got = _python(probe + later)
+    if got[1] == "0":
+        pytest.skip("numba could not cache the loop here (no cache hit to load)")
+    return got
+
+
 def test_numba_loads_cached_loops_without_its_registries_and_compiles_as_before():
     """A cached compiled loop loads without numba's registry refresh (numba.np.npyimpl, one of the modules it
     imports, stays unloaded), a later compile in the same process still works (it refreshes itself), and a lean
     load that raises falls back to numba's own load (the refresh runs, the result is the same)."""
-    import subprocess
-    import sys
-
     pytest.importorskip("numba")
     probe = ("import sys, torch\n"
              "from icmltools.merge import kernels as K; print(K.count_nonzero(torch.tensor([0.0, 2.0, -1.0])))\n"
@@ -382,26 +401,15 @@ def test_numba_loads_cached_loops_without_its_registries_and_compiles_as_before(
                "    return own(ctx)\n"
                "rtsys.initialize = once\n")
 
-    def run(code):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.split()
-
-    run(probe)  # compiles and caches the loop if this checkout has not yet
-    got = run(probe + later)
-    if got[1] == "0":
-        pytest.skip("numba could not cache the loop here (no cache hit to load)")
+    got = _cached_run(probe, later)
     assert got == ["2", "1", "False", "8.0", "True"]
-    assert run("import numba.core.runtime\n" + raising + probe) == ["2", "1", "True"]
+    assert _python("import numba.core.runtime\n" + raising + probe) == ["2", "1", "True"]
 
 
 def test_numba_loads_cached_loops_without_parsing_their_bitcode_and_links_them_when_asked():
     """A cached loop loads and runs with its module's bitcode kept as bytes (unparsed); a compile in the same process
     of a new function calling it parses it then (the link) and the new function's result is right; the engine
     still answers for the loaded loop's symbols, and for none it lacks."""
-    import subprocess
-    import sys
-
     pytest.importorskip("numba")
     probe = ("import numba, numpy as np, torch\n"
              "from icmltools.merge import kernels as K\n"
@@ -414,15 +422,7 @@ def test_numba_loads_cached_loops_without_parsing_their_bitcode_and_links_them_w
              "ee = ov.library._codegen._engine\n"
              "print(ee.is_symbol_defined(ov.fndesc.llvm_func_name), ee.is_symbol_defined('no_such_symbol'))\n")
 
-    def run(code):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-        assert out.returncode == 0, out.stderr
-        return out.stdout.split()
-
-    run(probe)  # compiles and caches the loop if this checkout has not yet
-    got = run(probe + later)
-    if got[1] == "0":
-        pytest.skip("numba could not cache the loop here (no cache hit to load)")
+    got = _cached_run(probe, later)
     assert got == ["16256", "1", "True", str(0xC020 + 1), "False", "True", "False"]
 
 
@@ -430,10 +430,6 @@ def test_numba_runtime_loads_from_its_cache_file_and_recompiles_a_corrupt_one(tm
     """numba's runtime is compiled once and written to a cache file (NUMBA_CACHE_DIR); the next process loads it
     from there (its bitcode unparsed, as a cached loop's) and the loops and a new compile work; a file whose
     bytes no longer match its SHA-256 is compiled again (and rewritten), with the same results."""
-    import os
-    import subprocess
-    import sys
-
     pytest.importorskip("numba")
     code = ("import numba, numpy as np, torch\n"
             "from icmltools.merge import kernels as K\n"
@@ -444,10 +440,7 @@ def test_numba_runtime_loads_from_its_cache_file_and_recompiles_a_corrupt_one(tm
             "print(g(5))\n")
 
     def run():
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
-        assert out.returncode == 0, out.stderr
-        return out.stdout.split()
+        return _python(code, NUMBA_CACHE_DIR=str(tmp_path))
 
     assert run() == ["2", "False", "10"]  # compiled (the loops too, in this new cache folder), then written
     files = list(tmp_path.glob("icml-nrt-*.bin"))

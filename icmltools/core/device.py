@@ -334,9 +334,6 @@ def numba_threads() -> None:
             torch.set_num_threads(n)
 
 
-_LINK_PENDING: list = []  # the WeakSet of libraries loaded by _linking_modules_on_demand whose bitcode is unparsed
-
-
 def _linking_modules_on_demand() -> None:
     """Let numba load a cached compiled function without parsing the LLVM bitcode it keeps beside the machine code.
 
@@ -358,11 +355,10 @@ def _linking_modules_on_demand() -> None:
     needed = [(lib, "_unserialize"), (lib, "_get_module_for_linking"), (lib, "_set_compiled_object"),
               (lib, "enable_object_caching"), (lib, "_finalize_final_module"), (jlib, "get_pointer_to_function"),
               (eng, "is_symbol_defined"), (eng, "_load_defined_symbols")]
-    if None in (lib, jlib, eng) or not all(hasattr(c, a) for c, a in needed) \
-            or getattr(lib._unserialize, "_lean", False) or not jlib.__mro__.count(lib):
+    if None in (lib, jlib, eng) or not all(hasattr(c, a) for c, a in needed) or not issubclass(jlib, lib) \
+            or getattr(lib._unserialize, "_lean", False):
         return
-    pending = weakref.WeakSet()
-    _LINK_PENDING[:] = [pending]
+    pending = weakref.WeakSet()  # the libraries loaded here whose bitcode is not parsed yet
     own_unserialize = lib._unserialize.__func__
     own_link, own_pointer, own_defined = lib._get_module_for_linking, jlib.get_pointer_to_function, \
         eng.is_symbol_defined
@@ -397,8 +393,10 @@ def _linking_modules_on_demand() -> None:
         return self._codegen._engine.get_function_address(name)
 
     def is_symbol_defined(self, name):
-        if own_defined(self, name) or not pending:
-            return own_defined(self, name)
+        if own_defined(self, name):
+            return True
+        if not pending:
+            return False
         for library in list(pending):
             parse(library)
         return own_defined(self, name)
