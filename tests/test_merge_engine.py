@@ -1155,7 +1155,9 @@ def test_marked_entries_packed_in_registers_equal_the_listed_ones():
     pass's own), and room (the share's end within 64 of the start: one by one, or overflowing: -1 for both);
     neither writes before the start or past the end."""
     km = K._mod()
-    if not km._target_has("avx512f", "avx512bw", "avx512vbmi2"):
+    from icmltools.core.device import numba_target_has
+
+    if not numba_target_has("avx512f", "avx512bw", "avx512vbmi2"):
         pytest.skip("numba's target lacks AVX-512 VBMI2: the listed path is the only one")
     g = np.random.default_rng(4)
     for trial in range(240):

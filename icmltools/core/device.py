@@ -173,15 +173,41 @@ def _wide_vectors(numba) -> bool:
 
         if "_toplevel_target_context" in vars(cpu_target):  # the code generator exists: too late
             return False
-        import llvmlite.binding as ll
-
-        features = ll.get_host_cpu_features().flatten()
+        features = _host_features()
     except Exception:  # an unknown numba layout or a host whose features LLVM cannot read: LLVM's default
         return False
     if not {"+avx512f", "+avx512vbmi2"} <= set(features.split(",")):
         return False
     config.CPU_FEATURES = _WIDE_FEATURES = features + ",-prefer-256-bit"
     return True
+
+
+def _host_features() -> str:
+    """The host CPU's features as LLVM names them ("+avx512f,-amx-tile,..."; raises where LLVM cannot read them)."""
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_features().flatten()
+
+
+def numba_target_has(*features) -> bool:
+    """Whether the CPU numba compiles for has every one of `features` (LLVM's names, without the sign): its
+    CPU_FEATURES where set (the user's, or :func:`_wide_vectors`'), else the host's; False where a CPU is named
+    without features, or the host's cannot be read. For a compiled loop choosing its code when compiled (numba
+    keys its cache by the target, so another CPU compiles its own)."""
+    import numba
+
+    config = numba.config
+    if config.CPU_FEATURES is not None:
+        have = config.CPU_FEATURES
+    elif config.CPU_NAME is not None:
+        return False
+    else:
+        try:
+            have = _host_features()
+        except Exception:  # noqa: BLE001 (LLVM cannot read them: assume none)
+            return False
+    have = set(have.split(","))
+    return all("+" + f in have for f in features)
 
 
 def numba_wide_vectors() -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
-from icmltools.core.device import numba_jit
+from icmltools.core.device import numba_jit, numba_target_has
 
 
 @intrinsic
@@ -997,6 +997,15 @@ def _ptr(builder, arr, off, ty):
     return builder.bitcast(builder.gep(arr.data, [off]), ty.as_pointer())
 
 
+def _splat(builder, value, vt):
+    """The vector of type vt with `value` in every lane."""
+    from llvmlite import ir
+
+    i32 = ir.IntType(32)
+    v = builder.insert_element(ir.Constant(vt, None), value, ir.Constant(i32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, vt.count), [0] * vt.count))
+
+
 def _c_rows(*arrays):
     return all(isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" for a in arrays)
 
@@ -1062,8 +1071,7 @@ def _keep32_of(mark: bool):
             ta = context.make_array(signature.args[2])(context, builder, args[2])
             o = context.cast(builder, args[1], signature.args[1], types.int64)
             b = context.cast(builder, args[3], signature.args[3], types.uint32)
-            sv = builder.insert_element(ir.Constant(v32, None), b, ir.Constant(i32, 0))
-            sv = builder.shuffle_vector(sv, sv, ir.Constant(v32, [ir.Constant(i32, 0)] * 16))
+            sv = _splat(builder, b, v32)
             nzm = ir.Constant(i32, 0)
             for h in range(2):
                 off = builder.add(o, ir.Constant(i64, 16 * h))
@@ -2764,13 +2772,12 @@ def _marks64(typingctx, q, o, bits):
     def codegen(context, builder, signature, args):
         from llvmlite import ir
 
-        i8, i32 = ir.IntType(8), ir.IntType(32)
+        i8 = ir.IntType(8)
         v8 = ir.VectorType(i8, 64)
         qa = context.make_array(signature.args[0])(context, builder, args[0])
         x = builder.load(_ptr(builder, qa, context.cast(builder, args[1], signature.args[1], types.int64), v8), align=1)
-        b = builder.insert_element(ir.Constant(v8, None), args[2], ir.Constant(i32, 0))
-        b = builder.shuffle_vector(b, b, ir.Constant(ir.VectorType(i32, 64), [ir.Constant(i32, 0)] * 64))
-        m = builder.icmp_unsigned("!=", builder.and_(x, b), ir.Constant(v8, [ir.Constant(i8, 0)] * 64))
+        m = builder.icmp_unsigned("!=", builder.and_(x, _splat(builder, args[2], v8)),
+                                  ir.Constant(v8, [ir.Constant(i8, 0)] * 64))
         return builder.bitcast(m, ir.IntType(64))
     return types.uint64(q, o, bits), codegen
 
@@ -2811,7 +2818,7 @@ def _compress_parts(context, builder, m, dst, do, lanes: int, part):
         sub = builder.shuffle_vector(mask, mask, ir.Constant(ir.VectorType(i32, lanes), list(range(p * lanes,
                                                                                                    (p + 1) * lanes))))
         packed = part(p, sub)
-        builder.store(packed, builder.bitcast(builder.gep(dst.data, [do]), packed.type.as_pointer()), align=1)
+        builder.store(packed, _ptr(builder, dst, do, packed.type), align=1)
         if p < 64 // lanes - 1:
             do = builder.add(do, builder.zext(builder.ctpop(builder.bitcast(sub, ir.IntType(lanes))), i64))
 
@@ -2860,8 +2867,7 @@ def _iota64(typingctx, first, m, dst, do):
         i32 = ir.IntType(32)
         vt = ir.VectorType(i32, 16)
         f = builder.trunc(context.cast(builder, args[0], signature.args[0], types.int64), i32)
-        fs = builder.shuffle_vector(builder.insert_element(ir.Constant(vt, None), f, ir.Constant(i32, 0)),
-                                    ir.Constant(vt, None), ir.Constant(vt, [0] * 16))
+        fs = _splat(builder, f, vt)
 
         def part(p, sub):
             return _compress_call(context, builder, builder.add(fs, ir.Constant(vt, list(range(16 * p, 16 * p + 16)))),
@@ -2938,32 +2944,16 @@ def _store_marked(pp, idx, s, base, rs, pos, pat, vals, m, end):
     Returns the entries' new end, or -1 where they would pass `end`: the marks' own count decides, so the stores
     stay inside the piece's share whatever the loop counted (slots from the returned end on may hold leftovers).
     Where numba's target has AVX-512 VBMI2, 64 positions at a time compressed in vector registers
-    (_store_packed), else listed and copied one by one (_store_listed)."""
+    (_store_packed), else listed and copied one by one (_store_listed): chosen when compiled."""
 
 
 @overload(_store_marked)
 def _store_marked_impl(pp, idx, s, base, rs, pos, pat, vals, m, end):
-    if _target_has("avx512f", "avx512bw", "avx512vbmi2"):
+    if numba_target_has("avx512f", "avx512bw", "avx512vbmi2"):
         return lambda pp, idx, s, base, rs, pos, pat, vals, m, end: _store_packed(pp, idx, s, base, rs, pos, pat, vals,
                                                                                   m, end)
     return lambda pp, idx, s, base, rs, pos, pat, vals, m, end: _store_listed(pp, idx, s, base, rs, pos, pat, vals, m,
                                                                               end)
-
-
-def _target_has(*features) -> bool:
-    """Whether numba's target CPU has every one of `features` (LLVM's names, without the sign): its CPU_FEATURES
-    where set (see core.device._wide_vectors), else the host's; False where a CPU is named without features."""
-    config = numba.config
-    if config.CPU_FEATURES is not None:
-        have = config.CPU_FEATURES
-    elif config.CPU_NAME is not None:
-        return False
-    else:
-        import llvmlite.binding as ll
-
-        have = ll.get_host_cpu_features().flatten()
-    have = set(have.split(","))
-    return all("+" + f in have for f in features)
 
 
 @_jit
