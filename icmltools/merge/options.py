@@ -16,7 +16,14 @@ METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcr
 # 4.03-4.24 -> 4.54-4.57 and CA-magnitude 4.65-4.75 (and one 7.63) -> 5.39-6.73. The element-wise gain was the
 # writer's slots (engine.OUT_SLOT_BYTES, then 48 MB at 2^22 against 32 at 2^21), not the chunk: task arithmetic on
 # HF folders 0.72-0.77 s at 2^21 with 64 MB of slots, 0.74-0.80 at 2^22 with 48, 0.91-0.94 at 2^21 with 32.
-CHUNK_ELEMS = 1 << 21
+# 2^22 since session 41 (2026-12-06, the Intel host, the benchmark's fresh processes, 2 threads, two runs of each of
+# 2^21, 2^22, 2^23 per format): every chunked method 0.03-0.1 s faster at 2^22 than at 2^21 on both formats (CABS
+# 1.30-1.31 -> 1.24-1.25 s single files, 1.32 -> 1.26-1.27 HF; DARE-TIES 1.17-1.21 -> 1.10-1.12 and 1.19-1.20 ->
+# 1.14-1.15; task arithmetic 0.81-0.91 -> 0.71-0.76 single files), peak RSS within 0.01 GB; 2^23 no faster than
+# 2^22, with 0.02-0.04 GB more. Each chunk's loop is one call whose pieces the threads share (a pool's thread is
+# woken per call; the faster one then waits for the other's last piece): inside those calls, in a CABS merge at
+# 2^21 in one process, the main thread slept 0.14 s and the pool's 0.19 s (perf's sched:sched_switch events).
+CHUNK_ELEMS = 1 << 22
 # breadcrumbs: fraction of the largest magnitudes dropped (mergekit's `gamma` of magnitude_outliers)
 BREADCRUMBS_GAMMA = 0.01
 # default density where a method prunes and none is given (mergekit has none: it requires one)
