@@ -373,6 +373,79 @@ def test_direct_io_output_is_byte_identical(tmp_path, monkeypatch, stage):
     assert _same(sd, open_checkpoint(tmp_path / "direct.safetensors"))
 
 
+def _header_offsets(path) -> dict:
+    import struct
+
+    with open(path, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(n))
+    header.pop("__metadata__", None)
+    return {k: 8 + n + v["data_offsets"][0] for k, v in header.items()}
+
+
+def _placed(t, at: int, block: int = 4096):
+    """A copy of the flat tensor t whose address is congruent to `at` modulo a block where its dtype's size allows
+    (as the merge engine places its output chunks)."""
+    size = t.element_size()
+    buf = torch.empty(t.numel() + block // size, dtype=t.dtype)
+    gap = (at - buf.data_ptr()) % block
+    shift = gap // size if gap % size == 0 else 0
+    out = buf[shift:shift + t.numel()]
+    out.copy_(t)
+    return out
+
+
+@pytest.mark.parametrize("stage", [8192, 1 << 20])
+@pytest.mark.parametrize("fmt", ["safetensors", "hf_safetensors"])
+def test_direct_io_writes_parts_placed_at_their_offset_from_their_own_buffers(tmp_path, monkeypatch, stage, fmt):
+    """byte_offset names where each element lands in its file (the header's offsets, shards included); parts whose
+    address is congruent to it modulo a block go to the disk from their own buffers, whole blocks, the bytes before
+    the first block boundary and after the last one through the staging buffer; parts placed anywhere else are all
+    staged. Either way the file is byte for byte the page-cache path's."""
+    from icmltools.taskvec import writers
+
+    g = torch.Generator().manual_seed(5)
+    sd = {"a": torch.randn(70002, generator=g).to(torch.bfloat16), "b": torch.randn(3, generator=g),
+          "c": torch.randn(40000, generator=g), "e": torch.randn(5, generator=g).to(torch.bfloat16),
+          "f": torch.randn(1000, generator=g), "d": torch.randn(90000, generator=g).to(torch.bfloat16)}
+    # f lands 2 bytes past a multiple of 4 in its file: no float32 view there, staged whole
+    shards = [["a", "b", "e", "f"], ["c", "d"]] if fmt == "hf_safetensors" else None
+    src = tmp_path / "src"
+    write_state_dict(sd, src, fmt="hf_safetensors", shards=shards) if shards else None
+    base = open_checkpoint(src) if shards else MemoryReader(sd, fmt="safetensors")
+    plain = tmp_path / "plain"
+    with CheckpointWriter(base, plain, fmt=fmt) as w:
+        for n in w.order:
+            w.write(n, sd[n])
+    files = (lambda root: sorted(root.glob("*.safetensors")) if root.is_dir() else [root])
+    assert CheckpointWriter(base, tmp_path / "x.pt", fmt="torch").byte_offset("a") is None
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this OS")
+    monkeypatch.setattr(writers, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(writers, "_STAGE", stage)
+    monkeypatch.setattr(writers, "_DIRECT_MIN", 4096)
+    staged = []
+    real_stage = writers._DirectFile._stage
+    monkeypatch.setattr(writers._DirectFile, "_stage", lambda self, mv: (staged.append(len(mv)), real_stage(self, mv)))
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    for placed in (True, False):
+        staged.clear()
+        out = tmp_path / f"out_{placed}"
+        with CheckpointWriter(base, out, fmt=fmt) as w:
+            for n in w.order:
+                t = sd[n].reshape(-1)
+                for a in range(0, t.numel(), 30011):
+                    b = min(t.numel(), a + 30011)
+                    at = w.byte_offset(n, a) + (0 if placed else 2 * t.element_size())
+                    w.write_range(n, a, b, _placed(t[a:b], at))
+        for f in files(out):
+            offs = _header_offsets(f)
+            assert {k: w.byte_offset(k) for k in offs} == offs
+        assert [f.read_bytes() for f in files(out)] == [f.read_bytes() for f in files(plain)]
+        assert _same(sd, open_checkpoint(out))
+        assert (sum(staged) < total // 4) if placed else (sum(staged) >= total)  # headers are staged too
+
+
 def test_direct_io_refused_falls_back_to_the_page_cache(tmp_path, monkeypatch):
     from icmltools.taskvec import writers
 

@@ -1132,6 +1132,7 @@ class _Direct:
     def __init__(self, w, pool: BufferPool, lam: float, sign: int, skip_zero: bool):
         self.w, self.pool, self.lam, self.sign, self.skip_zero = w, pool, lam, sign, skip_zero
         self.dtype = None  # the output dtype of the tensor being written; None: none lent
+        self.name = None  # that tensor's name
         self.pending = None  # [slot, output chunk, the loop's non-finite output flag or None]
 
     def target(self, a: int, b: int):
@@ -1139,7 +1140,7 @@ class _Direct:
         if self.dtype is None or (self.skip_zero and self.lam == 0):
             return None
         slot = self.w.slot()
-        o = self.pool.get(f"out{slot}", (b - a,), self.dtype)
+        o = _slot_chunk(self.pool, self.w, slot, self.name, a, b, self.dtype)
         self.pending = [slot, o, None]
         return o, self.lam, self.sign
 
@@ -1149,6 +1150,25 @@ class _Direct:
     def take(self):
         got, self.pending = self.pending, None
         return got
+
+
+_BLOCK_BYTES = 4096  # the writer's O_DIRECT block (taskvec.writers)
+
+
+def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype):
+    """The output chunk [a, b) of tensor `name` in the writer's slot `slot`: a view of the slot's buffer whose
+    address is congruent, modulo a disk block, to the chunk's offset in its output file (the writer's
+    `byte_offset`), so that a file written with O_DIRECT takes the chunk's whole blocks straight from it instead of
+    copying them through its staging buffer (taskvec.writers._DirectFile). The buffer has a block to spare; where
+    no such view exists (torch files, an offset that is not a multiple of the dtype's size), its start."""
+    size = dtype.itemsize
+    buf = pool.get(f"out{slot}", (b - a + _BLOCK_BYTES // size,), dtype)
+    where = w.byte_offset(name, a)
+    shift = 0
+    if where is not None:
+        gap = (where - buf.data_ptr()) % _BLOCK_BYTES
+        shift = gap // size if gap % size == 0 else 0
+    return buf[shift:shift + b - a]
 
 
 def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool, pool: BufferPool,
@@ -1161,11 +1181,11 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
         return
     dtype = base.specs[name].dtype  # the output's dtype (`base` may be retyped)
     if direct is not None:
-        direct.dtype = dtype
+        direct.dtype, direct.name = dtype, name
     for a, b, raw_b, bd, merged in chunks:
         lent = direct.take() if direct is not None else None
         slot = lent[0] if lent is not None else w.slot()
-        o = pool.get(f"out{slot}", (b - a,), dtype)
+        o = _slot_chunk(pool, w, slot, name, a, b, dtype)
         if bd is WRITTEN:
             if lent[2]:
                 check_output(o, name, lam, tainted(), "lam", sign)

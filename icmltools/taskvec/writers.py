@@ -46,6 +46,14 @@ def _tensor_bytes(t) -> memoryview:
 DIRECT_MIN_BYTES = 64 << 20  # a safetensors file at least this large is written with O_DIRECT (when the OS allows)
 _ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks (4096 covers 512-byte disks)
 _STAGE = 16 << 20  # the aligned staging buffer
+_DIRECT_MIN = 64 << 10  # bytes a write must hold, past its first block boundary, to go to the disk from its own buffer
+
+
+def _address(mv) -> int:
+    """The address of a non-empty contiguous memoryview's first byte."""
+    import numpy as np
+
+    return np.frombuffer(mv, np.uint8).ctypes.data
 
 
 class _DirectFile:
@@ -70,9 +78,29 @@ class _DirectFile:
         self._ended = False
 
     def write(self, data) -> int:
+        """Append `data`. Where its bytes from the file's next block boundary on lie at a block-aligned address
+        (the merge engine places its output slots so: :meth:`CheckpointWriter.byte_offset`), the whole blocks go
+        to the disk straight from `data` (the bytes before them complete the staged block, which is written
+        first); the rest is copied through the staging buffer."""
         if self._ended:
             raise ValueError("write after the end of a direct file")
         mv = memoryview(data).cast("B")
+        n = len(mv)
+        head = -self.size % _ALIGN  # bytes to the file's next block boundary
+        if n - head >= _DIRECT_MIN and (_address(mv) + head) % _ALIGN == 0:
+            self._stage(mv[:head])
+            if self._fill:
+                self._drain(self._fill)  # whole blocks: the staged bytes end at the boundary
+            body = (n - head) // _ALIGN * _ALIGN
+            self._write_all(mv[head:head + body])
+            self._stage(mv[head + body:])
+        else:
+            self._stage(mv)
+        self.size += n
+        return n
+
+    def _stage(self, mv) -> None:
+        """Copy `mv` into the staging buffer, writing it out whenever it is full."""
         n, pos = len(mv), 0
         while pos < n:
             k = min(n - pos, _STAGE - self._fill)
@@ -81,13 +109,14 @@ class _DirectFile:
             pos += k
             if self._fill == _STAGE:
                 self._drain(_STAGE)
-        self.size += n
-        return n
+
+    def _write_all(self, mv) -> None:
+        done = 0
+        while done < len(mv):
+            done += os.write(self.fd, mv[done:])
 
     def _drain(self, nbytes: int) -> None:
-        done = 0
-        while done < nbytes:
-            done += os.write(self.fd, self._view[done:nbytes])
+        self._write_all(self._view[:nbytes])
         self._fill = 0
 
     def flush(self) -> None:
@@ -121,19 +150,25 @@ def _open_stream(path, nbytes: int):
     return open(path, "wb")
 
 
+def _st_header(specs: list[TensorSpec], metadata: dict[str, str] | None) -> bytes:
+    """A safetensors file's JSON header for `specs` in that order (padded to 8 bytes); the tensors' bytes follow
+    the 8-byte length and this header."""
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    off = 0
+    for s in specs:
+        header[s.name] = {"dtype": st_code(s.dtype), "shape": list(s.shape), "data_offsets": [off, off + s.nbytes]}
+        off += s.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return raw + b" " * ((8 - len(raw) % 8) % 8)
+
+
 class _StreamingSafetensorsFile:
     """Write a .safetensors file tensor by tensor: the header (offsets from the known specs) goes first."""
 
     def __init__(self, fh, specs: list[TensorSpec], metadata: dict[str, str] | None):
-        header: dict = {}
-        if metadata:
-            header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-        off = 0
-        for s in specs:
-            header[s.name] = {"dtype": st_code(s.dtype), "shape": list(s.shape), "data_offsets": [off, off + s.nbytes]}
-            off += s.nbytes
-        raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        raw += b" " * ((8 - len(raw) % 8) % 8)
+        raw = _st_header(specs, metadata)
         fh.write(struct.pack("<Q", len(raw)))
         fh.write(raw)
         self.fh = fh
@@ -211,9 +246,27 @@ class CheckpointWriter:
         if self.fmt.endswith("safetensors"):
             self.layout = [(fname, _largest_last_first(names, base.specs)) for fname, names in self.layout]
         self.order = [n for _, names in self.layout for n in names]
+        self._offsets: dict | None = None  # tensor name -> its first byte's offset in its safetensors file
         self._stack = contextlib.ExitStack()
         self._cur = None
         self._cur_left: list = []
+
+    def byte_offset(self, name: str, start: int = 0) -> int | None:
+        """The offset in its output file of element `start` of tensor `name` (flattened), for a safetensors output;
+        None for torch files. The merge engine places an output chunk at an address congruent to it modulo a
+        block, so that a file written with O_DIRECT takes the chunk's whole blocks from the chunk itself
+        (:class:`_DirectFile`)."""
+        if not self.fmt.endswith("safetensors"):
+            return None
+        if self._offsets is None:
+            self._offsets = {}
+            for _, names in self.layout:
+                specs = [self.base.specs[n] for n in names]
+                at = 8 + len(_st_header(specs, self._metadata()))
+                for sp in specs:
+                    self._offsets[sp.name] = at
+                    at += sp.nbytes
+        return self._offsets[name] + start * self.base.specs[name].dtype.itemsize
 
     # -- lifecycle
     def __enter__(self):
@@ -459,6 +512,10 @@ class WriteBehind:
         self._last = self._pool.submit(self._run, fn, *args)
         if slot is not None:
             self._slots[slot] = self._last
+
+    def byte_offset(self, name: str, start: int = 0) -> int | None:
+        """:meth:`CheckpointWriter.byte_offset` (read only: safe beside the writer thread)."""
+        return self.writer.byte_offset(name, start)
 
     def write(self, name, tensor, slot: int | None = None) -> None:
         """:meth:`CheckpointWriter.write` in the writer thread."""
