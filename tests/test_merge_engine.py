@@ -1049,6 +1049,38 @@ def test_bucket_windows_cover_the_sampled_quantile_within_their_cap():
 
 
 @needs_numba
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_models_sampled_on_threads_count_what_one_sample_at_a_time_holds(dtype):
+    """sample_hi_models (each model's sample on a thread of its own, counted in the loop) gives, for every model,
+    the counts np.bincount takes of sample_hi_tau's sample of that model: 1 to 8 models, 1 and 2 threads."""
+    km = K._mod()
+    numba = km.numba
+    g = torch.Generator().manual_seed(6)
+    n = 300_001
+    base = (torch.randn(n, generator=g) * 0.05).to(dtype)
+    starts = K._sample_starts(n)
+    sample = np.empty(K._SAMPLE_BLOCKS * K._SAMPLE_WIDTH, np.uint32)
+    for n_models in (1, 3, 8):
+        raws = tuple(K._np((base.float() + torch.randn(n, generator=g) * 10.0 ** -(1 + i % 3)).to(dtype))
+                     for i in range(n_models))
+        b = K._np(base)
+        want = []
+        for r in raws:
+            km.sample_hi_tau(r, b, None, starts, K._SAMPLE_WIDTH, sample)
+            want.append(np.bincount(sample, minlength=1 << 15))
+        for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            old = numba.get_num_threads()
+            numba.set_num_threads(threads)
+            try:
+                got = np.full((n_models, 1 << 15), -1, np.int64)
+                km.sample_hi_models(b, raws, starts, K._SAMPLE_WIDTH, got)
+            finally:
+                numba.set_num_threads(old)
+            assert all(np.array_equal(got[k], want[k]) for k in range(n_models)), (n_models, threads)
+            assert got.sum() == n_models * sample.size
+
+
+@needs_numba
 def test_radix_select_tau_with_bucket_windows_equals_the_low_pass(counted, monkeypatch):
     """On a tensor large enough for the sample (2^21 elements), the thresholds, counts above and ties come from
     the low histograms counted in the high pass when the windows hold the buckets (no low pass runs), and from

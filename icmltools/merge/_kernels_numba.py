@@ -1589,6 +1589,27 @@ def sample_hi_tau(raw, base, taken, starts, width, out):
             out[i * width + k] = (u[k] & _ABS) >> np.uint32(16)
 
 
+def sample_hi_models(base, raws, starts, width, counts):
+    """Each model's sample_hi_tau (nothing taken), counted: counts[k] = how often each high 16 bits of |tau_k|
+    occurs in model k's sample (np.bincount of sample_hi_tau's). The models on threads (_run_pieces: one piece
+    each)."""
+    _run_pieces(_sample_hi_piece, len(raws), 0, (base, raws, starts, width, counts))
+
+
+@_jit
+def _sample_hi_piece(k, T, phase, base, raws, starts, width, counts):
+    """Model k of sample_hi_models (serial, run by _run_pieces)."""
+    ub = np.empty(width, np.uint32)
+    h = counts[k]
+    for i in range(h.shape[0]):
+        h[i] = 0
+    r = raws[k]
+    for i in range(starts.shape[0]):
+        u, _ = _block_bits(r, base, None, starts[i], starts[i] + width, ub)
+        for j in range(width):
+            h[(u[j] & _ABS) >> np.uint32(16)] += 1
+
+
 def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, threads):
     """hist_hi_tau, and in the same pass the low histograms of the high-bit buckets s0 .. s0 + w0 - 1 (rows 0 ..
     w0 - 1 of lo_counts) and s1 .. s1 + w1 - 1 (the rows after them; the two windows disjoint): the buckets a

@@ -606,17 +606,13 @@ _DEFER_SEGMENT = 1 << 22  # the deferred pass's segment (elements): the inputs' 
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
 
 
-def _windows_of(km, r, b, ks, n: int, starts, sample):
-    """(first buckets, widths, the sample's counts) of one model's windows, one per k of `ks` (sampled as
-    radix_select_tau samples), or None where a k gets no window of its own."""
-    import numpy as np
-
-    km.sample_hi_tau(r, b, None, starts, _SAMPLE_WIDTH, sample)
-    counts = np.bincount(sample, minlength=1 << 15)
+def _windows_of(counts, ks, n: int):
+    """(first buckets, widths) of one model's windows, one per k of `ks`, from its sample's counts (sampled as
+    radix_select_tau samples: _kernels_numba.sample_hi_models), or None where a k gets no window of its own."""
     wins = [bucket_windows(counts, [k], n) for k in ks]
     if any(len(w) != 1 for w in wins):
         return None
-    return [w[0][0] for w in wins], [w[0][1] for w in wins], counts
+    return [w[0][0] for w in wins], [w[0][1] for w in wins]
 
 
 def _entry_buffers(n: int, share: float, K: int, dtype, buf, positions: bool):
@@ -689,19 +685,20 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in kk[0] + kk[1]) or K > 8:
         return None
     km = _mod()
-    starts = _sample_starts(n)
-    sample = np.empty(_SAMPLE_BLOCKS * _SAMPLE_WIDTH, np.uint32)
+    size = _SAMPLE_BLOCKS * _SAMPLE_WIDTH
+    counts = np.empty((K, 1 << 15), np.int64)
+    km.sample_hi_models(b, rs, _sample_starts(n), _SAMPLE_WIDTH, counts)
     los, wds, top_at, share = [[], []], [[], []], [], 0.0
     for k in range(K):
-        got = _windows_of(km, rs[k], b, [kk[0][k]] + ([kk[1][k]] if band else []), n, starts, sample)
+        got = _windows_of(counts[k], [kk[0][k]] + ([kk[1][k]] if band else []), n)
         if got is None:
             return None
-        first, width, counts = got
-        share += float(counts[first[0]:first[0] + width[0]].sum()) / sample.size
+        first, width = got
+        share += float(counts[k, first[0]:first[0] + width[0]].sum()) / size
         if band:  # the top's window above the first (the elements above it are only counted)
             if first[1] < first[0] + width[0]:
                 return None
-            share += float(counts[first[1]:first[1] + width[1]].sum()) / sample.size
+            share += float(counts[k, first[1]:first[1] + width[1]].sum()) / size
         for j in range(1 + band):
             los[j].append(first[j] << 16)
             wds[j].append(width[j] << 16)
