@@ -3533,7 +3533,7 @@ def _ca_span_impl(bs, rs, tv, ws, o, pt):
 # over every model: a sample names the window of |x_k| each threshold lies in (x_k: tau_k, 0 where an earlier model
 # kept), the pass counts per model the slots surely free with |x_k| above the window, and stores the elements where
 # some model meets its window on a slot surely free: the slots whose status depends on a threshold not known yet.
-# The thresholds then come one model after another from those entries (ca_candidates, ca_taken).
+# The thresholds then come one model after another from those entries (ca_candidates).
 
 
 def ca_sample(base, raws, starts, width, qs, us, counts):
@@ -3666,23 +3666,26 @@ def _ca_scan_span_impl(bs, rs, his, los, wds, pp, ab):
     return _defined("\n".join(lines) + "\n")
 
 
-def ca_candidates(vals, pat, first, ends, offs, tk, k, hk, lk, wk, ub, fl, cand, res):
+def ca_candidates(vals, pat, first, ends, offs, tk, k, hk, lk, wk, ub, fl, cand, res, t_before):
     """Model k's count over ca_scan's entries (vals (1 + K) x cap, pat cap; the pieces' entries in [first[i],
     ends[i]), region i at offs[i] of one list of M) for its threshold (see kernels.ca_thresholds): an entry counts
-    from its pattern's model on where no earlier model kept it (tk, M). ub[:M] = the entries' |tau_k| bits,
-    fl[:M] = the counted ones inside the window [lk, lk + wk); region i's of these, in order, at cand[offs[i]:],
-    res[i] = (the counted ones above the window, those inside). The regions on threads (_run_pieces)."""
+    from its pattern's model on where no earlier model kept it (tk, M). First, for k > 0, tk |= the entries model
+    k - 1 keeps: its |tau| bits, left in ub by its own call, above t_before (its threshold's bits), from their
+    pattern's model on (a pass of its own before, ca_taken: 204 more calls on threads in a CA-magnitude merge of
+    the benchmark's files). ub[:M] = the entries' |tau_k| bits, fl[:M] = the counted ones inside the window
+    [lk, lk + wk); region i's of these, in order, at cand[offs[i]:], res[i] = (the counted ones above the window,
+    those inside). The regions on threads (_run_pieces)."""
     _run_pieces(_ca_cand_piece, first.shape[0], 0, (vals, pat, first, ends, offs, tk, np.uint8(k + 1), vals[1 + k],
-                                                    hk, lk, wk, ub, fl, cand, res))
+                                                    hk, lk, wk, ub, fl, cand, res, np.uint8(k), np.uint32(t_before)))
 
 
 @_jit
-def _ca_cand_piece(i, T, phase, vals, pat, first, ends, offs, tk, on, rk, hk, lk, wk, ub, fl, cand, res):
+def _ca_cand_piece(i, T, phase, vals, pat, first, ends, offs, tk, on, rk, hk, lk, wk, ub, fl, cand, res, on0, t0):
     """Region i of ca_candidates (serial, run by _run_pieces)."""
     p0, p1, o = first[i], ends[i], offs[i]
     L = p1 - p0
     res[i, 0], res[i, 1] = _ca_cand_span(rk[p0:p1], vals[0][p0:p1], pat[p0:p1], tk[o:o + L], on, hk, lk, wk,
-                                         ub[o:o + L], fl[o:o + L])
+                                         ub[o:o + L], fl[o:o + L], on0, t0)
     _ca_compact(fl[o:o + L], ub[o:o + L], cand[o:o + L])
 
 
@@ -3697,14 +3700,17 @@ def _ca_compact(fl, ub, cand):
 
 
 @_jit
-def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl):
+def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl, on0, t0):
     """ca_candidates over one region, on slices (a loop indexing from 0 vectorises: 0.56 ns per entry against 3.4
-    indexing the whole arrays at offsets; the 4.6M entries of the merge benchmark's lm_head, one thread)."""
+    indexing the whole arrays at offsets; the 4.6M entries of the merge benchmark's lm_head, one thread). The
+    previous model's keeps (pattern <= on0, bits ub > t0; on0 = 0: none, whatever ub holds) taken first."""
     a = np.int32(0)  # a region is a piece's entries: < 2^31
     c = np.int32(0)
     for e in range(pat.shape[0]):
         p = pat[e]
-        live = (p != np.uint8(0)) & (p <= on) & (not tk[e])
+        taken = tk[e] | ((p != np.uint8(0)) & (p <= on0) & (ub[e] > t0))
+        tk[e] = taken
+        live = (p != np.uint8(0)) & (p <= on) & (not taken)
         u = _f32_as_u32(abs(as_f32(rk, e) - as_f32(b0, e)))
         a = _inc(a, live & (u >= hk))
         inw = live & (np.uint32(u - lk) < wk)
@@ -3712,25 +3718,3 @@ def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl):
         ub[e] = u
         fl[e] = inw
     return a, c
-
-
-def ca_taken(pat, first, ends, offs, tk, k, ub, t):
-    """tk |= the entries model k keeps: |tau_k| bits ub > t (its threshold's), from their pattern's model on
-    (entries as ca_candidates'; the regions on threads)."""
-    _run_pieces(_ca_taken_piece, first.shape[0], 0, (pat, first, ends, offs, tk, np.uint8(k + 1), ub, np.uint32(t)))
-
-
-@_jit
-def _ca_taken_piece(i, T, phase, pat, first, ends, offs, tk, on, ub, t):
-    """Region i of ca_taken (serial, run by _run_pieces)."""
-    p0, p1, o = first[i], ends[i], offs[i]
-    L = p1 - p0
-    _ca_taken_span(pat[p0:p1], tk[o:o + L], on, ub[o:o + L], t)
-
-
-@_jit
-def _ca_taken_span(pat, tk, on, ub, t):
-    """ca_taken over one region, on slices (as _ca_cand_span)."""
-    for e in range(pat.shape[0]):
-        p = pat[e]
-        tk[e] = tk[e] | ((p != np.uint8(0)) & (p <= on) & (ub[e] > t))

@@ -857,7 +857,7 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     tensor run through the same rule names each model's window (bucket_windows); the pass counts, per model, the
     slots no earlier model can have kept whose |x_k| lies above the window, and stores the elements where a model
     meets its window on such a slot (:func:`_kernels_numba.ca_scan`); the thresholds then come model after model
-    from those entries (ca_candidates, ca_taken). The list of thresholds (float32 values), or None: not run (a
+    from those entries (ca_candidates). The list of thresholds (float32 values), or None: not run (a
     tensor below WINDOW_MIN elements or past 2^31, a k outside (0, n), mixed dtypes, more than MAX_ONE_PASS models,
     a window at bucket 0 or holding too many elements, a threshold outside its window, a non-finite element): the
     per-model scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the
@@ -903,7 +903,8 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     res = np.zeros((len(first), 2), np.int64)
     thr = np.zeros(K, np.uint32)
     for k in range(K):  # model k's ks[k]-th largest: the r-th largest of its entries in the window
-        km.ca_candidates(vals, pat, first, ends, offs, tk, k, his[k], los[k], wds[k], ub, fl, cand, res)
+        km.ca_candidates(vals, pat, first, ends, offs, tk, k, his[k], los[k], wds[k], ub, fl, cand, res,
+                         thr[k - 1] if k else 0)  # model k - 1's keeps taken first
         got, c = res.sum(axis=0)
         r = ks[k] - above[k] - got
         if not 0 < r <= c:  # the threshold lies outside the window
@@ -911,7 +912,6 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         inw = np.concatenate([cand[o:o + m] for o, m in zip(offs, res[:, 1])])  # each region's, compacted
         inw.sort()  # not partition: |tau| ties by the 100,000 here (bf16), which made numpy's introselect take
         thr[k] = inw[c - r]  # 9-14 ms on 0.8-1.2M candidates, its sort 1 ms
-        km.ca_taken(pat, first, ends, offs, tk, k, ub, thr[k])
     CA_THRESHOLDS["found"] += 1
     return [float(t) for t in thr.view(np.float32)]
 
