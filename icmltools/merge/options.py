@@ -3,7 +3,7 @@ from __future__ import annotations
 
 # the engine's general methods (icmltools.merge.methods registers one class per name; a test checks they agree)
 METHODS = ("task_arithmetic", "magnitude", "dare", "ties", "dare_ties", "breadcrumbs", "breadcrumbs_ties")
-# elements per chunk for methods that are local (element-wise rules, n:m blocks); 2^21 float32 = 8 MiB. Smaller
+# elements per chunk for methods that are local (element-wise rules, n:m blocks); 2^22 float32 = 16 MiB. Smaller
 # chunks cost more per-chunk work (calls into the loops, views, output slots): base + 4 bf16 models of 1 GB merged
 # to disk, 2 threads, 2^20 -> 2^21, rounds 2 and 3 of three, alternated (2026-12-03): task arithmetic 1.09-1.15 ->
 # 0.96-1.09 s, NegMerge 1.21-1.26 -> 1.05-1.10, DARE 1.61-1.75 -> 1.60-1.63, CABS 4.19-4.25 -> 4.00-4.01, TIES
