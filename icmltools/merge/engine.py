@@ -1243,12 +1243,11 @@ OUT_SLOT_BYTES = 64 << 20  # the writer's output buffers of chunked merges, in a
 def _slots(plan: Plan) -> int:
     """Output buffers handed to the writer thread: 3 for whole tensors, up to 8 chunks in OUT_SLOT_BYTES (the
     writer's disk writes come in bursts of 16 MB, during which the merge fills the next buffers: with 3 slots of
-    1M elements it waited 0.18-0.34 s of a 2 s task-arithmetic merge, with 8 0.02-0.1 s). 64 MB: eight slots of
-    the 2^21-element chunk, the default until session 41 (four of today's 2^22: the output's blocks now go to the
-    disk from the slots, without the writer's copy; with 32 MB it got four, and task arithmetic waited 0.25 s of
-    1.23 s; through
-    benchmarks/merge_engine.py, two alternations, 2026-12-03: task arithmetic 1.14-1.38 -> 0.99-1.24 s, uniform
-    1.21-1.42 -> 1.02-1.33, DARE, compute-bound, the same, 1.71-1.86 against 1.72-1.9)."""
+    1M elements it waited 0.18-0.34 s of a 2 s task-arithmetic merge, with 8 0.02-0.1 s). 64 MB held eight slots
+    of the 2^21-element chunk, the default until session 41 (with 32 MB, four: task arithmetic waited 0.25 s of
+    1.23 s; through benchmarks/merge_engine.py, two alternations, 2026-12-03: task arithmetic 1.14-1.38 -> 0.99-1.24
+    s, uniform 1.21-1.42 -> 1.02-1.33, DARE, compute-bound, the same, 1.71-1.86 against 1.72-1.9). It holds four of
+    today's 2^22-element chunk, measured faster (merge/options.py), with the writer no longer copying the output."""
     if not plan.method.local or plan.chunk_elems is None:
         return 3
     return max(3, min(8, OUT_SLOT_BYTES // (4 * plan.chunk_elems)))
