@@ -1592,22 +1592,34 @@ def sample_hi_tau(raw, base, taken, starts, width, out):
 def sample_hi_models(base, raws, starts, width, counts):
     """Each model's sample_hi_tau (nothing taken), counted: counts[k] = how often each high 16 bits of |tau_k|
     occurs in model k's sample (np.bincount of sample_hi_tau's). The models on threads (_run_pieces: one piece
-    each)."""
-    _run_pieces(_sample_hi_piece, len(raws), 0, (base, raws, starts, width, counts))
+    each, _sample_piece, as CA-magnitude's sample; the bits not kept)."""
+    _run_pieces(_sample_piece, len(raws), 0, (base, raws, starts, width, None, counts))
 
 
 @_jit
-def _sample_hi_piece(k, T, phase, base, raws, starts, width, counts):
-    """Model k of sample_hi_models (serial, run by _run_pieces)."""
-    ub = np.empty(width, np.uint32)
-    h = counts[k]
-    for i in range(h.shape[0]):
-        h[i] = 0
+def _sample_piece(k, T, phase, base, raws, starts, width, us, counts):
+    """Model k's |tau| bits over the sample's runs [a, a + width), a in `starts`, in order: into us[k] (None: a
+    scratch run), and, with `counts` (None: not counted), counts[k] = the histogram of their high 16 bits. Serial,
+    run by _run_pieces (a model per piece: the runs lie all over the inputs). Each run's bits by the loop over
+    slices (vectorised: _tau_bits), then their sign dropped."""
     r = raws[k]
+    ub = np.empty(width, np.uint32)
+    if counts is not None:
+        h = counts[k]
+        for i in range(h.shape[0]):
+            h[i] = 0
     for i in range(starts.shape[0]):
-        u, _ = _block_bits(r, base, None, starts[i], starts[i] + width, ub)
+        a = starts[i]
+        if us is None:
+            u = ub
+        else:
+            u = us[k, i * width:(i + 1) * width]
+        _tau_bits(r[a:a + width], base[a:a + width], u)
         for j in range(width):
-            h[(u[j] & _ABS) >> np.uint32(16)] += 1
+            u[j] &= _ABS
+        if counts is not None:
+            for j in range(width):
+                h[u[j] >> np.uint32(16)] += 1
 
 
 def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, threads):
@@ -3540,23 +3552,11 @@ def ca_sample(base, raws, starts, width, qs, us, counts):
     """The sample of kernels._ca_windows run through CA-magnitude: us[k] = model k's |tau| bits over [a, a + width)
     for each a of `starts`, in order, 0 where the sample's earlier models kept (|x_j| above the qs[j]-th largest
     of us[j], the sample's own threshold); counts[k] += the histogram of us[k]'s high 16 bits. The models' bits
-    read on threads (_run_pieces, a model each: the runs lie all over the inputs), then taken in the models'
+    read on threads (_sample_piece, a model each: the runs lie all over the inputs), then taken in the models'
     order (_ca_sample_taken, in cache). Before, one thread did both: the windows took 0.105-0.119 s of a 1.25-1.35 s
     CA-magnitude merge of the benchmark's files."""
-    _run_pieces(_ca_sample_piece, len(raws), 0, (base, raws, starts, width, us))
+    _run_pieces(_sample_piece, len(raws), 0, (base, raws, starts, width, us, None))
     _ca_sample_taken(us, qs, counts)
-
-
-@_jit
-def _ca_sample_piece(k, T, phase, base, raws, starts, width, us):
-    """us[k] = model k's |tau| bits over the sample's runs (serial, run by _run_pieces)."""
-    r = raws[k]
-    u = us[k]
-    i = 0
-    for a in starts:
-        for j in range(a, a + width):
-            u[i] = _f32_as_u32(abs(as_f32(r, j) - as_f32(base, j)))
-            i += 1
 
 
 @_jit

@@ -39,6 +39,7 @@ from icmltools.taskvec import (
     count_non_finite,
     is_float_dtype,
 )
+from icmltools.taskvec.writers import DIRECT_BLOCK
 
 from . import kernels as K
 from .options import CHUNK_ELEMS, OUT_DTYPES
@@ -1152,9 +1153,6 @@ class _Direct:
         return got
 
 
-_BLOCK_BYTES = 4096  # the writer's O_DIRECT block (taskvec.writers)
-
-
 def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype):
     """The output chunk [a, b) of tensor `name` in the writer's slot `slot`: a view of the slot's buffer whose
     address is congruent, modulo a disk block, to the chunk's offset in its output file (the writer's
@@ -1162,11 +1160,11 @@ def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype
     copying them through its staging buffer (taskvec.writers._DirectFile). The buffer has a block to spare; where
     no such view exists (torch files, an offset that is not a multiple of the dtype's size), its start."""
     size = dtype.itemsize
-    buf = pool.get(f"out{slot}", (b - a + _BLOCK_BYTES // size,), dtype)
+    buf = pool.get(f"out{slot}", (b - a + DIRECT_BLOCK // size,), dtype)
     where = w.byte_offset(name, a)
     shift = 0
     if where is not None:
-        gap = (where - buf.data_ptr()) % _BLOCK_BYTES
+        gap = (where - buf.data_ptr()) % DIRECT_BLOCK
         shift = gap // size if gap % size == 0 else 0
     return buf[shift:shift + b - a]
 

@@ -44,7 +44,7 @@ def _tensor_bytes(t) -> memoryview:
 
 
 DIRECT_MIN_BYTES = 64 << 20  # a safetensors file at least this large is written with O_DIRECT (when the OS allows)
-_ALIGN = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks (4096 covers 512-byte disks)
+DIRECT_BLOCK = 4096  # O_DIRECT: buffer address, file offset and length in whole blocks (4096 covers 512-byte disks)
 _STAGE = 16 << 20  # the aligned staging buffer
 _DIRECT_MIN = 64 << 10  # bytes a write must hold, past its first block boundary, to go to the disk from its own buffer
 
@@ -86,12 +86,12 @@ class _DirectFile:
             raise ValueError("write after the end of a direct file")
         mv = memoryview(data).cast("B")
         n = len(mv)
-        head = -self.size % _ALIGN  # bytes to the file's next block boundary
-        if n - head >= _DIRECT_MIN and (_address(mv) + head) % _ALIGN == 0:
+        head = -self.size % DIRECT_BLOCK  # bytes to the file's next block boundary
+        if n - head >= _DIRECT_MIN and (_address(mv) + head) % DIRECT_BLOCK == 0:
             self._stage(mv[:head])
             if self._fill:
                 self._drain(self._fill)  # whole blocks: the staged bytes end at the boundary
-            body = (n - head) // _ALIGN * _ALIGN
+            body = (n - head) // DIRECT_BLOCK * DIRECT_BLOCK
             self._write_all(mv[head:head + body])
             self._stage(mv[head + body:])
         else:
@@ -124,7 +124,7 @@ class _DirectFile:
             return
         self._ended = True
         if self._fill:
-            pad = -self._fill % _ALIGN
+            pad = -self._fill % DIRECT_BLOCK
             self._view[self._fill:self._fill + pad] = bytes(pad)
             self._drain(self._fill + pad)
             os.ftruncate(self.fd, self.size)
