@@ -292,7 +292,7 @@ def _collector_paused():
     of the process moved to the oldest generation without a scan. numba's import allocates enough objects to start
     a full collection, which walks every object of the process: with torch loaded, one collection of 25-31 ms,
     35-42 ms of collections in all, in a load of 0.17 s (a merge's fresh process). Only paused, the collections
-    came after the block, inside the merge (a young one of 12 ms in TIES, a full one of 43 ms in CA-magnitude).
+    came after the block, inside the merge (one of 12 ms in TIES, a full one of 43 ms in CA-magnitude).
     The move costs the caller's objects too only their place: a cycle among them waits for the next full
     collection instead of a young one."""
     import gc
