@@ -1452,12 +1452,81 @@ def test_ca_thresholds_decline_what_they_cannot_place(monkeypatch):
     assert K.CA_THRESHOLDS == {"tried": before["tried"] + 3, "found": before["found"]}
 
 
+def _same_results(a, b) -> bool:
+    """Two one-pass loops' results (flags, counts, kept pairs as arrays) equal."""
+    return len(a) == len(b) and all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+                                    for x, y in zip(a, b))
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype,k_models", [(torch.bfloat16, 3), (torch.float32, 2), (torch.bfloat16, 1),
+                                            (torch.bfloat16, 4)])
+def test_ca_merged_in_the_thresholds_pass_equals_the_merge_after_them(dtype, k_models, monkeypatch):
+    """kernels.ca_merge_deferred (the slots the windows decide merged in the thresholds' pass, the stored ones
+    merged again once the thresholds are found) gives ca_merge_raw's results with ca_thresholds' thresholds,
+    bitwise: the merged tensor, or the output written as it goes (lambda 1, lambda with sign -1), nonzeros, kept
+    pairs, the thresholds; negative weights, equal and unequal densities, the pass in several segments."""
+    n, base, raws = _deferred_inputs(k_models, dtype, seed=5, least=K.DEFER_MIN)
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", 700_001)  # the pass in 4 segments
+    ws = [0.7, -1.3, 2.0, 0.5][:k_models]
+    ib = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    for dens in ([0.2] * 4, [0.05, 0.4, 0.1, 0.3]):
+        ks = [n - int((1 - d) * n) for d in dens[:k_models]]
+        thr = K.ca_thresholds(base, raws, ks)
+        want_out = torch.empty(n)
+        want = K.ca_merge_raw(base, raws, thr, ws, want_out)
+        before = dict(K.CA_DEFERRED)
+        got_out = torch.full((n,), 3.0)
+        got = K.ca_merge_deferred(base, raws, ks, ws, got_out)
+        assert K.CA_DEFERRED == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+        assert _same_results(got[:4], want) and got[4] == thr and want[1] > 0
+        assert torch.equal(got_out.view(torch.int32), want_out.view(torch.int32))
+        for lam, sign in ((1.0, 1), (0.6, -1)):
+            e_want, e_got = torch.empty(n, dtype=dtype), torch.zeros(n, dtype=dtype)
+            want = K.ca_merge_raw(base, raws, thr, ws, want_out, emit=(e_want, lam, sign))
+            got = K.ca_merge_deferred(base, raws, ks, ws, got_out, emit=(e_got, lam, sign))
+            assert _same_results(got[:4], want) and want[3] == 0
+            assert torch.equal(e_got.view(ib), e_want.view(ib))
+
+
+@needs_numba
+def test_ca_merged_in_the_thresholds_pass_declines_what_it_cannot_do(monkeypatch):
+    """ca_merge_deferred returns None (the scan and ca_merge_raw then decide) before its pass for a tensor below
+    DEFER_MIN, a k of 0 or n, a weight of 0, windows it cannot place; after it for a non-finite task vector, a
+    window that misses its threshold, a result that overflows."""
+    n, base, raws = _deferred_inputs(3, torch.bfloat16, seed=9, least=K.DEFER_MIN)
+    ks, ws = [n // 5] * 3, [1.0, 0.5, 2.0]
+    out = torch.empty(n)
+    small = K.DEFER_MIN - 1
+    before = dict(K.CA_DEFERRED)
+    assert K.ca_merge_deferred(base[:small], [r[:small] for r in raws], ks, ws, out[:small]) is None
+    assert K.ca_merge_deferred(base, raws, [0, n // 5, n // 5], ws, out) is None
+    assert K.ca_merge_deferred(base, raws, [n, n // 5, n // 5], ws, out) is None
+    assert K.ca_merge_deferred(base, raws, ks, [1.0, 0.0, 2.0], out) is None
+    assert K.ca_merge_deferred(base, raws, [n // 2] * 3, ws, out) is None  # the third model's threshold is 0
+    assert K.CA_DEFERRED == before
+    bad = raws[1].clone()
+    bad[n - 5] = float("nan")
+    assert K.ca_merge_deferred(base, [raws[0], bad, raws[2]], ks, ws, out) is None
+    real = K.bucket_windows
+    with monkeypatch.context() as mp:
+        mp.setattr(K, "bucket_windows", lambda counts, ks_, n_, most: [(w[0] + 40, w[1])
+                                                                      for w in real(counts, ks_, n_, most)])
+        assert K.ca_merge_deferred(base, raws, ks, ws, out) is None
+    big = raws[1].clone()
+    big[:1000] += 4  # kept by model 1: 4 * 3e38 overflows float32
+    assert K.ca_merge_deferred(base, [raws[0], big, raws[2]], ks, [1.0, 3e38, 2.0], out) is None
+    assert K.CA_DEFERRED == {"tried": before["tried"] + 3, "found": before["found"]}
+    assert K.ca_merge_deferred(base, [raws[0], big, raws[2]], ks, ws, out) is not None
+
+
 @needs_numba
 def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monkeypatch):
-    """The engine's CA-magnitude scans a tensor of at least WINDOW_MIN elements read from files with one pass over
-    every model (ca_thresholds), a small one model by model, and a tensor whose pass is declined model by model
-    again: the written file and every figure of the summary equal the scan model by model's; in memory (views of
-    the held tensors) the same."""
+    """The engine's CA-magnitude merges a tensor of at least DEFER_MIN elements read from files in the pass that
+    finds its thresholds (ca_merge_deferred), a small one model by model, and a tensor whose pass is declined by
+    ca_thresholds' pass or model by model again; with a weight of 0 (no deferral) by ca_thresholds' pass: the
+    written file and every figure of the summary equal the scan model by model's; in memory (views of the held
+    tensors) the same."""
     n, b, raws = _deferred_inputs(3, torch.bfloat16, seed=9, least=K.WINDOW_MIN)
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
     base = {"big": b, "small": b[:5000].clone()}
@@ -1466,11 +1535,11 @@ def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monk
     for i, m in enumerate(models):
         write_state_dict(m, tmp_path / f"m{i}.safetensors")
 
-    def merged(tag):
+    def merged(tag, weights=(0.7, -1.3, 0.5)):
         out = tmp_path / f"{tag}.safetensors"
         st = E.merge_to_checkpoint(open_checkpoint(tmp_path / "base.safetensors"),
                                    [open_checkpoint(tmp_path / f"m{i}.safetensors") for i in range(3)],
-                                   E.make_plan("ca_magnitude", 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.1]),
+                                   E.make_plan("ca_magnitude", 3, weights=list(weights), densities=[0.3, 0.2, 0.1]),
                                    0.6, out, sign=-1)
         d = st.summary(extended=True, per_tensor=True)
         d.pop("seconds"), d.pop("read_gb_per_s")
@@ -1478,27 +1547,45 @@ def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monk
 
     from icmltools.cabs.methods import CAMagnitude
 
+    def counts():
+        return dict(K.CA_DEFERRED), dict(K.CA_THRESHOLDS)
+
+    def added(before, deferred, together):
+        (d, t), now = before, counts()
+        assert now == ({"tried": d["tried"] + deferred[0], "found": d["found"] + deferred[1]},
+                       {"tried": t["tried"] + together[0], "found": t["found"] + together[1]})
+
     with monkeypatch.context() as mp:
         mp.setattr(CAMagnitude, "scans_together", False)
-        before = dict(K.CA_THRESHOLDS)
+        mp.setattr(CAMagnitude, "defers", lambda self, st: False)
+        before = counts()
         want = merged("scanned")
-        assert K.CA_THRESHOLDS == before
-    got = merged("together")
-    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
-    assert got == want
+        want0 = merged("scanned0", (0.7, 0.0, 0.5))
+        added(before, (0, 0), (0, 0))
+    with monkeypatch.context() as mp:
+        mp.setattr(CAMagnitude, "defers", lambda self, st: False)
+        before = counts()
+        assert merged("together") == want
+        added(before, (0, 0), (1, 1))
+    before = counts()
+    assert merged("deferred") == want
+    added(before, (1, 1), (0, 0))
+    assert merged("zero", (0.7, 0.0, 0.5)) == want0  # a weight of 0: not deferred, ca_thresholds' pass
+    added(before, (1, 1), (1, 1))
     real = K.bucket_windows
-    with monkeypatch.context() as mp:  # every window misses: declined after its pass, then scanned model by model
+    with monkeypatch.context() as mp:  # every window misses: declined after each pass, then scanned model by model
         mp.setattr(K, "bucket_windows", lambda counts, ks, n_, most=6: [(w[0] + 40, w[1])
                                                                         for w in real(counts, ks, n_, most)])
-        again = merged("declined")
-    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 2, "found": before["found"] + 1}
-    assert again == want
+        before = counts()
+        assert merged("declined") == want
+        added(before, (1, 0), (1, 0))
     plan = E.make_plan("ca_magnitude", 3)
-    before = dict(K.CA_THRESHOLDS)
+    before = counts()
     mem = E.merge_state_dicts(base, models, plan)[0]  # in memory: views of the held tensors
-    assert K.CA_THRESHOLDS == {"tried": before["tried"] + 1, "found": before["found"] + 1}
+    added(before, (1, 1), (0, 0))
     with monkeypatch.context() as mp:
         mp.setattr(CAMagnitude, "scans_together", False)
+        mp.setattr(CAMagnitude, "defers", lambda self, st: False)
         ref = E.merge_state_dicts(base, models, plan)[0]
     assert mem.keys() == ref.keys() and all(torch.equal(mem[k], ref[k]) for k in mem)
 

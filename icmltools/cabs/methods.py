@@ -185,8 +185,9 @@ class CAMagnitude(_Pruned):
 
     The thresholds need whole tensors: :meth:`scan` sees each model's task vector in order and keeps a
     whole-tensor ``taken`` while finding them; the chunks then rebuild each mask from its threshold (for a
-    tensor of one chunk the engine interleaves scan(i) and add(i): the same masks). On a large tensor
-    :meth:`scan_models_raw` finds every threshold in one pass over all the models instead."""
+    tensor of one chunk the engine interleaves scan(i) and add(i): the same masks). On a large tensor the
+    thresholds are found in the merge's own pass (:meth:`merge_raw` before any scan, :meth:`defers`); where that
+    declines (or a weight is 0), :meth:`scan_models_raw` finds every threshold in one pass over all the models."""
 
     name = "ca_magnitude"
     reference = REFERENCE + ", CA ablation with magnitude pruning (RoBERTa code)"
@@ -253,12 +254,36 @@ class CAMagnitude(_Pruned):
 
     one_pass = True
 
+    def defers(self, st):
+        return st.numel >= K.DEFER_MIN and st.device == "cpu"
+
+    def _merge_deferred(self, st, raws, base, wanted):
+        """merge_raw before any scan: the thresholds found and the tensor merged in one pass over the inputs
+        (kernels.ca_merge_deferred), or None."""
+        import torch
+
+        idxs = [self._idx(st, i) for i in wanted]
+        if not all(0 < idx < st.numel for idx in idxs):
+            return None
+        got = K.ca_merge_deferred(base, raws, [st.numel - idx for idx in idxs], [st.plan.weights[i] for i in wanted],
+                                  st.total, emit=st.emit, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                                  release=st.release)
+        if got is None:
+            return None
+        for i, t in zip(wanted, got[4]):
+            st.thr[i] = torch.tensor(t, dtype=torch.float32)
+        st.count_pairs(wanted, got[2])
+        return 0, st.total, got[1], got[3]
+
     def merge_raw(self, st, raws, base, wanted):
         """Every model's chunk pruned by its threshold on the slots still free (in the models' order) and summed
         in one compiled loop, element by element (each input read once, no task vector or taken row stored);
-        None (fed model by model) where a weight is 0 or a threshold is not float32."""
+        None (fed model by model) where a weight is 0 or a threshold is not float32. Before any scan
+        (:meth:`defers`): the thresholds found in the same pass."""
         import torch
 
+        if st.deferring:
+            return self._merge_deferred(st, raws, base, wanted)
         thrs = [st.thr[i] for i in wanted]
         if any(t is not None and t.dtype != torch.float32 for t in thrs):
             return None

@@ -3718,3 +3718,145 @@ def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl, on0, t0):
         ub[e] = u
         fl[e] = inw
     return a, c
+
+
+# ------------------------------------------------------------------------------- CA-magnitude merged in the same pass
+# ca_scan's pass merging as it goes (kernels.ca_merge_deferred): where no model meets its window on a slot free for
+# sure, every model's choice is known before the thresholds are (above its window: kept; below: not), so the merged
+# element is written in the pass; the entries (the other slots, stored with their positions) are merged again once
+# the thresholds are found (ca_fix), as topk_merge_deferred does for TIES. The inputs are read once instead of twice.
+
+
+def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, vals):
+    """ca_scan over one segment that also merges: out (or the output element, `emit`) = _ca_span's result where
+    the slot is no entry, computed from what the windows decide (model k keeps where it is the first free for
+    sure with |tau| at or above his[k]); at an entry every model counts as not keeping (out = the sum of zeros),
+    left for ca_fix, which rewrites it. Entries stored as ca_scan's, with their positions (pos, from the segment's
+    start). Returns (non-finite flag, the counts above the windows, the pieces' first entries, their ends (-1:
+    overflowed), nonzeros, the kept-bits histogram (256), non-finite output flag)."""
+    K = len(raws)
+    T = _n_pieces(base.shape[0], _BLOCK)
+    cap = pat.shape[0]
+    ab = np.zeros((T, K), np.int64)
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 4), np.int64)
+    _run_pieces(_ca_merge_piece, T, 0, (base, raws, his, los, wds, np.asarray(ws, np.float32), out, oraw, sc, emit,
+                                        pos, pat, vals, cap, ab, h4, res))
+    starts = np.array([cap * p // T for p in range(T)], np.int64)
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return res[:, 0].max(), ab.sum(axis=0), starts, res[:, 1].copy(), res[:, 2].sum(), hist, res[:, 3].max()
+
+
+@_jit
+def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, emit, pos, pat, vals, cap, ab, h4,
+                    res):
+    """Piece p of T of ca_merge_scan (serial, run by _run_pieces): (non-finite flag, end of its entries or -1,
+    nonzeros, non-finite output flag) into res[p], its counts above the windows into ab[p]."""
+    lo, hi = _piece(base.shape[0], p, T, _BLOCK)
+    m = cap * p // T
+    end = cap * (p + 1) // T
+    pp = np.empty(_BLOCK, np.uint8)
+    pt = np.empty(_BLOCK, np.uint8)
+    idx = np.empty(_BLOCK, np.int64)
+    ob = np.empty(_BLOCK, np.float32)
+    bad = np.uint32(0)
+    nz = 0
+    bo = 0
+    for s in range(lo, hi, _BLOCK):
+        e = min(hi, s + _BLOCK)
+        L = e - s
+        rs = _slices(raws, s, e)
+        dst = ob[:L] if emit else out[s:e]
+        c, b, z = _ca_merge_span(base[s:e], rs, his, los, wds, wf, dst, pt[:L], pp[:L], ab[p])
+        _count_bytes(pt[:L], h4[4 * p:4 * p + 4])
+        bad = max(bad, b)
+        nz += z
+        if emit:
+            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+        if c == 0:
+            continue
+        m = _store_marked(pp[:L], idx, s, base, rs, pos, pat, vals, m, end)
+        if m < 0:
+            break
+    res[p, 0] = bad
+    res[p, 1] = m
+    res[p, 2] = nz
+    res[p, 3] = min(bo, 1)
+
+
+def _ca_merge_span(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+    """One block of ca_merge_scan, the models written out (generated for their count when compiled, as _ca_span):
+    pp[j] as _ca_scan_span's, ab[k] += the free slots above model k's window, o[j] and pt[j] as _ca_span's with
+    model k keeping where the slot is free for sure and |tau_k| >= his[k] (no model keeps at an entry). Returns
+    (positions marked, non-finite flag (see _nf), nonzeros of o)."""
+
+
+@overload(_ca_merge_span)
+def _ca_merge_span_impl(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+    K = len(rs)
+    lines = ["def f(bs, rs, his, los, wds, ws, o, pt, pp, ab):", "    zero = np.float32(0.0)",
+             "    c = np.int32(0)", "    bad = np.uint32(0)", "    nz = np.int32(0)"]
+    for k in range(K):
+        lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
+                  f"    w{k} = ws[{k}]", f"    a{k} = np.int32(0)"]
+    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        ok = True",
+              "        p = np.uint32(0)"]
+    for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
+        lines += [f"        x{k} = as_f32(r{k}, j) - b",
+                  f"        u = _f32_as_u32(abs(x{k}))",
+                  f"        up = u >= h{k}",
+                  f"        iw = np.uint32(u - l{k}) < d{k}",
+                  f"        k{k} = ok & up",
+                  f"        a{k} = _inc(a{k}, k{k})",
+                  f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))",
+                  f"        v{k} = x{k} if k{k} else zero",
+                  "        ok = ok & (not (up | iw))"]
+    lines.append("        g = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+    lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
+                                                for k in range(K)))
+    lines.append("        t = v0 * w0")
+    lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
+    lines += ["        o[j] = t", "        bad = max(bad, _flag(g + _nf(t)))", "        nz = _inc(nz, t != zero)",
+              "        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
+    lines += [f"    ab[{k}] += a{k}" for k in range(K)]
+    lines.append("    return c, bad, nz")
+    return _defined("\n".join(lines) + "\n")
+
+
+def ca_fix(vals, rows, pos, first, ends, tv, ws, out, oraw, sc, emit):
+    """ca_merge_scan's entries merged with the thresholds found (tv: float32 per model), by _ca_span itself over
+    blocks of entries (vals[0]: their base elements, rows: the models' rows of vals as a tuple), the results
+    stored at their positions (out[pos], or the output element with `emit`); the regions [first[i], ends[i]) on
+    threads (_run_pieces). Returns (non-finite flag, nonzeros, the kept-bits histogram (256), non-finite output
+    flag)."""
+    T = first.shape[0]
+    h4 = np.zeros((4 * T, 256), np.int64)
+    res = np.zeros((T, 3), np.int64)
+    _run_pieces(_ca_fix_piece, T, 0, (vals[0], rows, pos, first, ends, np.asarray(tv, np.float32),
+                                      np.asarray(ws, np.float32), out, oraw, sc, emit, h4, res))
+    hist = np.zeros(256, np.int64)
+    _add_parts(hist, h4)
+    return res[:, 0].max(), res[:, 1].sum(), hist, res[:, 2].max()
+
+
+@_jit
+def _ca_fix_piece(i, T, phase, b0, rows, pos, first, ends, tf, wf, out, oraw, sc, emit, h4, res):
+    """Region i of ca_fix (serial, run by _run_pieces)."""
+    o = np.empty(_BLOCK, np.float32)
+    pt = np.empty(_BLOCK, np.uint8)
+    ch = np.ones(_BLOCK, np.uint8)
+    bad = np.uint32(0)
+    nz = 0
+    bo = 0
+    for s in range(first[i], ends[i], _BLOCK):
+        e = min(ends[i], s + _BLOCK)
+        L = e - s
+        b, z = _ca_span(b0[s:e], _slices(rows, s, e), tf, wf, o[:L], pt[:L])
+        _count_bytes(pt[:L], h4[4 * i:4 * i + 4])
+        bad = max(bad, b)
+        nz += z
+        bo = max(bo, _entry_store(b0[s:e], pos[s:e], o[:L], ch[:L], out, oraw, sc, emit))
+    res[i, 0] = bad
+    res[i, 1] = nz
+    res[i, 2] = bo

@@ -180,8 +180,8 @@ class MergeMethod(abc.ABC):
 
     def defers(self, st: "TensorState") -> bool:
         """With ``scans`` and ``one_pass``: whether :meth:`merge_raw` of this tensor (one chunk) is tried before
-        any scan, finding what the scan would in its own pass; where it returns None the engine scans, then calls
-        it again."""
+        any scan (``st.deferring`` set then), finding what the scan would in its own pass; where it returns None the
+        engine scans, then calls it again."""
         return False
 
     @abc.abstractmethod
@@ -556,6 +556,7 @@ class TensorState:
         self._gens: dict = {}
         self.emit = None  # (output chunk, lambda, sign) for a one-pass loop that writes the output itself
         self.release = None  # (a, b) -> drop the inputs' mapped pages of [a, b) of the chunk (a one-pass loop's)
+        self.deferring = False  # merge_raw is called before any scan (MergeMethod.defers)
         self.tracking = tracking and self.n <= 63
 
     def buf(self, key: str, dtype=None, numel: int | None = None):
@@ -1055,7 +1056,9 @@ def _tensor_chunks(run: _Run, spec):
             for key, dt in m.buffers:
                 setattr(st, key, st.buf(key, None if dt is None else getattr(torch, dt)))
             raw_b = _read(run, run.base, name, spec, a, b, "raw_base", whole)
+            st.deferring = deferred
             got = _one_pass(run, st, spec, a, b, raw_b, wanted, whole) if one_pass else None
+            st.deferring = False
             if got is None and deferred:  # the scan's result was not found in the pass: scan, then pass again
                 _scan(run, st, spec, wanted, diag)
                 got = _one_pass(run, st, spec, a, b, raw_b, wanted, whole)

@@ -863,7 +863,6 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     per-model scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the
     pass goes segment by segment)."""
     import numpy as np
-    import torch
 
     got = _one_pass(base, raws)
     if got is None:
@@ -893,6 +892,21 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         ends.append(fill + p1)
         fill += c
     first, ends = np.concatenate(first), np.concatenate(ends)
+    thr = _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf)
+    if thr is None:
+        return None
+    CA_THRESHOLDS["found"] += 1
+    return [float(t) for t in thr.view(np.float32)]
+
+
+def _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf):
+    """Each model's threshold (its |tau| bits, uint32) from the entries of ca_scan or ca_merge_scan (regions [first[i],
+    ends[i]) of pat and vals; above[k]: model k's free slots above its window), model after model (ca_candidates);
+    None where one lies outside its window."""
+    import numpy as np
+    import torch
+
+    K = len(ks)
     M = int((ends - first).sum())
     tk = _np(buf("ca_taken", M, torch.bool))
     tk[:] = False
@@ -912,8 +926,67 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         inw = np.concatenate([cand[o:o + m] for o, m in zip(offs, res[:, 1])])  # each region's, compacted
         inw.sort()  # not partition: |tau| ties by the 100,000 here (bf16), which made numpy's introselect take
         thr[k] = inw[c - r]  # 9-14 ms on 0.8-1.2M candidates, its sort 1 ms
-    CA_THRESHOLDS["found"] += 1
-    return [float(t) for t in thr.view(np.float32)]
+    return thr
+
+
+CA_DEFERRED = {"tried": 0, "found": 0}  # ca_merge_deferred run, and those whose thresholds held
+
+
+def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release=None):
+    """CA-magnitude's thresholds and merge in one pass over a whole tensor: ca_merge_raw with ca_thresholds'
+    thresholds (ks as there), each input read once instead of twice. ca_thresholds' pass also merges every slot
+    whose models' choices the windows decide (_kernels_numba.ca_merge_scan), and stores the others (its entries)
+    with their positions; once the thresholds are found from the entries (_ca_select), those slots are merged by
+    ca_merge_raw's own loop and written at their positions (ca_fix). Bitwise ca_merge_raw with ca_thresholds'
+    thresholds. (ca_merge_raw's results, then the thresholds (float32 values)), or None: not run (where
+    ca_thresholds or ca_merge_raw would not, or a weight is 0), a threshold outside its window, a non-finite
+    element, result or output (then the scan and ca_merge_raw decide). `out`, `emit` as ca_merge_raw's for the
+    whole tensor; `buf`, `release` as ca_thresholds'."""
+    import numpy as np
+
+    got = _one_pass(base, raws, out)
+    if got is None or not all(weights):
+        return None
+    b, rs = got
+    n, K = b.shape[0], len(rs)
+    if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks):
+        return None
+    wins = _ca_windows(b, rs, ks, n)
+    if wins is None:
+        return None
+    los, wds, share = wins
+    his = los + wds
+    segs, caps, pos, pat, vals, buf = _entry_buffers(n, share, K, base.dtype, buf, True)
+    e = _emit_args(base, emit)
+    o, (oraw, sc, emitting) = _np(out).reshape(-1), _emit_flagged(b, e)
+    w = np.asarray(weights, np.float64)
+    km = _mod()
+    CA_DEFERRED["tried"] += 1
+    above, hist, nz, first, ends, fill = np.zeros(K, np.int64), np.zeros(256, np.int64), 0, [], [], 0
+    for (a, z), c in zip(segs, caps):
+        bad, ab, p0, p1, dnz, h, bo = km.ca_merge_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, w, o[a:z],
+                                                       oraw[a:z] if emitting else oraw, sc, emitting,
+                                                       pos[fill:fill + c], pat[fill:fill + c], vals[:, fill:fill + c])
+        if release is not None:
+            release(a, z)
+        if bad or bo or (p1 < 0).any():
+            return None
+        above, hist, nz = above + ab, hist + h, nz + dnz
+        for q0, q1 in zip(p0, p1):
+            pos[fill + q0:fill + q1] += a  # the segment's positions, made the tensor's
+        first.append(fill + p0)
+        ends.append(fill + p1)
+        fill += c
+    first, ends = np.concatenate(first), np.concatenate(ends)
+    thr = _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf)
+    if thr is None:
+        return None
+    bad, dnz, h, bo = km.ca_fix(vals, tuple(vals[1 + k] for k in range(K)), pos, first, ends, thr.view(np.float32),
+                                w, o, oraw, sc, emitting)
+    if bad or bo:
+        return None
+    CA_DEFERRED["found"] += 1
+    return 0, int(nz + dnz), km.pairs_of_hist(hist + h, K), _emitted(0, e), [float(t) for t in thr.view(np.float32)]
 
 
 def _ca_windows(b, rs, ks, n: int):
