@@ -119,14 +119,14 @@ def _vm(key: str) -> int:
 
 def _selections() -> dict:
     """A scanning method's threshold selections: with every low histogram counted in the high pass (hit) or not,
-    and the tensors whose thresholds were found in the merge's own pass (deferred: tried, found), or in one scan
-    over every model (CA-magnitude: ca_thresholds)."""
+    and the tensors whose thresholds were found in the merge's own pass (deferred: tried, found; CA-magnitude:
+    ca_deferred), or in one scan over every model (CA-magnitude: ca_thresholds)."""
     from icmltools.merge import kernels as K
 
     extra = {}
     if sum(K.WINDOWS.values()):
         extra["selections"] = dict(K.WINDOWS)
-    for key, counts in (("deferred", K.DEFERRED), ("ca_thresholds", K.CA_THRESHOLDS)):
+    for key, counts in (("deferred", K.DEFERRED), ("ca_deferred", K.CA_DEFERRED), ("ca_thresholds", K.CA_THRESHOLDS)):
         if counts["tried"]:
             extra[key] = dict(counts)
     return extra
