@@ -1358,8 +1358,8 @@ def test_deferred_thresholds_decline_what_they_cannot_place():
 def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, name):
     """The engine merges a tensor of at least DEFER_MIN elements in one chunk with the thresholds found in the
     pass (no scan; Breadcrumbs: both of each model's), a small one or a float16 one by scan then merge, and a
-    tensor whose deferral is declined by scan then merge again: the written file and every figure of the summary
-    equal the scan's path (deferral off)."""
+    tensor whose deferral is declined by scan then merge again (where one model's window missed, that model alone
+    scanned): the written file and every figure of the summary equal the scan's path (deferral off)."""
     n, b, raws = _deferred_inputs(3, torch.bfloat16)
     monkeypatch.setattr(K, "_DEFER_SEGMENT", 1 << 19)  # the pass in 5 segments
     half = slice(0, K.DEFER_MIN)  # float16: not a dtype of the one-pass loops, never deferred (chunked)
@@ -1383,6 +1383,27 @@ def test_engine_defers_the_scan_and_falls_back_bitwise(tmp_path, monkeypatch, na
         assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
     again[1].pop("seconds"), again[1].pop("read_gb_per_s")
     assert again[0] == want[0] and again[1] == want[1]
+    real, real_select = K.bucket_windows, K.radix_select_tau
+    calls, scanned = itertools.count(), []
+    miss = 3 if name.startswith("breadcrumbs") else 1  # model 1's window (Breadcrumbs: its top's)
+
+    def one_misses(counts, ks, n_, *a, **kw):
+        w = real(counts, ks, n_, *a, **kw)
+        return [(w[0][0] + 40, w[0][1])] + w[1:] if n_ == n and next(calls) == miss else w
+
+    def select(raw, *a, **kw):
+        scanned.append(raw.numel())
+        return real_select(raw, *a, **kw)
+
+    with monkeypatch.context() as mp:  # one window misses: only its model is scanned, then the tensor merged
+        mp.setattr(K, "bucket_windows", one_misses)
+        mp.setattr(K, "radix_select_tau", select)
+        before = dict(K.DEFERRED)
+        once = _merge_bytes(tmp_path, "one_missed", base, models, plan, 0.6, -1)
+        assert K.DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
+    assert scanned.count(n) == 1
+    once[1].pop("seconds"), once[1].pop("read_gb_per_s")
+    assert once[0] == want[0] and once[1] == want[1]
     chunked = E.make_plan(name, 3, weights=[0.7, -1.3, 0.5], densities=[0.3, 0.2, 0.45], chunk_elems=1 << 20)
     spans = {nm: [c[:2] for c in chunks] for nm, _, chunks in
              E.iter_merged(MemoryReader(base), [MemoryReader(m) for m in models], chunked, list(base))}

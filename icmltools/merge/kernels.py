@@ -659,7 +659,7 @@ def _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, relea
 
 
 def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int, normalize: bool, out, emit=None,
-                        buf=None, tops=None, release=None):
+                        buf=None, tops=None, release=None, found=None):
     """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
     index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
     thresholds deferred"): a sample names the window of |tau| each threshold lies in (bucket_windows), the pass
@@ -672,7 +672,8 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
     pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), calling
     `release(a, b)` after each (the engine drops the inputs' mapped pages there: memory independent of the model
-    count)."""
+    count). Where only some windows miss their k, `found` (a dict) gets "sels": each window's selection as in the
+    results, None where it missed (its model's scan alone is then needed)."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
@@ -729,6 +730,9 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
                                          np.array(wds[0] + wds[1], np.uint32), np.array(kk[0] + kk[1], np.int64),
                                          above)
     if not ok:
+        if found is not None:  # a window that held its k has its count (eq > 0 only there: _kernels_numba._walk)
+            found["sels"] = [(float(t), int(g), int(q)) if q > 0 else None
+                             for t, g, q in zip(thr.view(np.float32), gt, eq)]
         return None
     left = np.array(kk[0] + kk[1], np.int64) - gt
     alls = np.array([(bool(keep_ties) and j < K) or int(left[j]) == int(eq[j]) for j in range(J)], np.bool_)

@@ -209,6 +209,8 @@ class _Magnitude(Weighted):
         st.topk[i] = TopK(None, ks[0], st.plan.options.get("trim") == "keep_ties", counts[0], st.numel)
 
     def scan_raw(self, st, raw, base, i):
+        if i in st.topk:  # found by the deferred pass, which missed another model's window (_merge_deferred)
+            return 0
         ks = self._ks(st, i)
         got = K.radix_select_tau(raw, base, ks)
         if got is None or got[1]:
@@ -229,10 +231,15 @@ class _Magnitude(Weighted):
         """merge_raw before any scan: each model's TopK from the thresholds the one pass found, or None."""
         keep = st.plan.options.get("trim") == "keep_ties"
         ks = [self._k(st, i) for i in wanted]
+        part: dict = {}
         got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                     bool(st.plan.options.get("normalize")), out, emit=st.emit,
-                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
+                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release,
+                                    found=part)
         if got is None:
+            for i, k, sel in zip(wanted, ks, part.get("sels", ())):  # the scan then skips these models
+                if sel is not None:
+                    st.topk[i] = TopK(None, k, keep, sel, st.numel)
             return None
         for i, k, sel in zip(wanted, ks, got[5]):
             st.topk[i] = TopK(None, k, keep, sel, st.numel)
@@ -383,13 +390,19 @@ class Breadcrumbs(_Magnitude):
     def _merge_deferred(self, st, raws, base, wanted, out):
         """merge_raw before any scan: both TopKs of each model from the thresholds the one pass found, or None."""
         ks = [self._ks(st, i) for i in wanted]
+        part: dict = {}
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
                                     self.consensus_code(st), bool(st.plan.options.get("normalize")), out, emit=st.emit,
                                     buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
-                                    tops=[k[1] for k in ks], release=st.release)
-        if got is None:
-            return None
+                                    tops=[k[1] for k in ks], release=st.release, found=part)
         J = len(wanted)
+        if got is None:
+            sels = part.get("sels", [None] * 2 * J)
+            for j, (i, k) in enumerate(zip(wanted, ks)):  # a model whose two windows held: the scan skips it
+                if sels[j] is not None and sels[J + j] is not None:
+                    st.topk[i] = (TopK(None, k[0], False, sels[j], st.numel),
+                                  TopK(None, k[1], False, sels[J + j], st.numel))
+            return None
         for j, (i, k) in enumerate(zip(wanted, ks)):
             st.topk[i] = (TopK(None, k[0], False, got[5][j], st.numel), TopK(None, k[1], False, got[5][J + j], st.numel))
             for p in range(self.passes):
