@@ -1609,6 +1609,11 @@ def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monk
         mp.setattr(CAMagnitude, "defers", lambda self, st: False)
         ref = E.merge_state_dicts(base, models, plan)[0]
     assert mem.keys() == ref.keys() and all(torch.equal(mem[k], ref[k]) for k in mem)
+    for weights, whole in (([0.7, -1.3, 0.5], True), ([0.7, 0.0, 0.5], False)):  # deferred: one chunk; a 0: chunked
+        chunked = E.make_plan("ca_magnitude", 3, weights=weights, chunk_elems=1 << 20)
+        spans = {nm: [c[:2] for c in chunks] for nm, _, chunks in
+                 E.iter_merged(MemoryReader(base), [MemoryReader(m) for m in models], chunked, list(base))}
+        assert (spans["big"] == [(0, n)]) == whole and len(spans["big"]) >= 1
 
 
 @needs_numba

@@ -255,7 +255,9 @@ class CAMagnitude(_Pruned):
     one_pass = True
 
     def defers(self, st):
-        return st.numel >= K.DEFER_MIN and st.device == "cpu"
+        """A large tensor on the CPU whose weights are all nonzero (a zero weight leaves the merge to the
+        model-by-model path, which then goes chunk by chunk)."""
+        return st.numel >= K.DEFER_MIN and st.device == "cpu" and all(st.plan.weights)
 
     def _merge_deferred(self, st, raws, base, wanted):
         """merge_raw before any scan: the thresholds found and the tensor merged in one pass over the inputs

@@ -868,27 +868,53 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     pass goes segment by segment)."""
     import numpy as np
 
-    got = _one_pass(base, raws)
+    got = _ca_entries(base, raws, None, ks, buf, False, WINDOW_MIN)
+    if got is None:
+        return None
+    b, rs, his, los, wds, segs, caps, _, pat, vals, buf = got
+    km = _mod()
+    CA_THRESHOLDS["tried"] += 1
+    got = _ca_pass(rs, ks, his, los, wds, segs, caps, pat, vals, buf, release,
+                   lambda a, z, f, c: km.ca_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, pat[f:f + c],
+                                                 vals[:, f:f + c]))
+    if got is None:
+        return None
+    CA_THRESHOLDS["found"] += 1
+    return [float(t) for t in got[0].view(np.float32)]
+
+
+def _ca_entries(base, raws, out, ks, buf, positions: bool, least: int):
+    """The inputs, windows and entry buffers of ca_thresholds' pass (and ca_merge_deferred's, `out` its output):
+    (the base's and models' flat arrays, window ends, first bits, widths, then _entry_buffers' segments,
+    capacities, positions (`positions`), patterns, values and `buf`), or None where the pass does not run (as
+    _one_pass, a tensor below `least` elements or past 2^31, a k outside (0, n), no window)."""
+    got = _one_pass(base, raws, *([] if out is None else [out]))
     if got is None:
         return None
     b, rs = got
-    n, K = b.shape[0], len(rs)
-    if not WINDOW_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks):
+    n = b.shape[0]
+    if not least <= n < 1 << 31 or not all(0 < k < n for k in ks):
         return None
     wins = _ca_windows(b, rs, ks, n)
     if wins is None:
         return None
     los, wds, share = wins
-    his = los + wds
-    segs, caps, _, pat, vals, buf = _entry_buffers(n, share, K, base.dtype, buf, False)
-    km = _mod()
-    CA_THRESHOLDS["tried"] += 1
-    above, first, ends, fill = np.zeros(K, np.int64), [], [], 0
-    for (a, e), c in zip(segs, caps):
-        bad, ab, p0, p1 = km.ca_scan(b[a:e], tuple(r[a:e] for r in rs), his, los, wds, pat[fill:fill + c],
-                                     vals[:, fill:fill + c])
+    return (b, rs, los + wds, los, wds, *_entry_buffers(n, share, len(rs), base.dtype, buf, positions))
+
+
+def _ca_pass(rs, ks, his, los, wds, segs, caps, pat, vals, buf, release, scan):
+    """ca_thresholds' pass (or ca_merge_deferred's) segment by segment: scan(a, z, f, c) runs its loop over [a, z) of
+    the tensor into the entry slots [f, f + c) and returns (failed, each model's count above its window, the pieces'
+    first entries, their ends (-1: overflowed)); `release(a, z)` after each segment. Then the thresholds from the
+    entries (_ca_select): (their bits, the regions' first entries, their ends), or None (a failed or overflowed
+    segment, a threshold outside its window)."""
+    import numpy as np
+
+    above, first, ends, fill = np.zeros(len(rs), np.int64), [], [], 0
+    for (a, z), c in zip(segs, caps):
+        bad, ab, p0, p1 = scan(a, z, fill, c)
         if release is not None:
-            release(a, e)
+            release(a, z)
         if bad or (p1 < 0).any():
             return None
         above += ab
@@ -896,11 +922,8 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
         ends.append(fill + p1)
         fill += c
     first, ends = np.concatenate(first), np.concatenate(ends)
-    thr = _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf)
-    if thr is None:
-        return None
-    CA_THRESHOLDS["found"] += 1
-    return [float(t) for t in thr.view(np.float32)]
+    thr = _ca_select(_mod(), vals, pat, first, ends, above, ks, his, los, wds, buf)
+    return None if thr is None else (thr, first, ends)
 
 
 def _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf):
@@ -948,49 +971,38 @@ def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release
     whole tensor; `buf`, `release` as ca_thresholds'."""
     import numpy as np
 
-    got = _one_pass(base, raws, out)
-    if got is None or not all(weights):
+    got = _ca_entries(base, raws, out, ks, buf, True, DEFER_MIN) if all(weights) else None
+    if got is None:
         return None
-    b, rs = got
-    n, K = b.shape[0], len(rs)
-    if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in ks):
-        return None
-    wins = _ca_windows(b, rs, ks, n)
-    if wins is None:
-        return None
-    los, wds, share = wins
-    his = los + wds
-    segs, caps, pos, pat, vals, buf = _entry_buffers(n, share, K, base.dtype, buf, True)
+    b, rs, his, los, wds, segs, caps, pos, pat, vals, buf = got
+    K = len(rs)
     e = _emit_args(base, emit)
     o, (oraw, sc, emitting) = _np(out).reshape(-1), _emit_flagged(b, e)
     w = np.asarray(weights, np.float64)
     km = _mod()
     CA_DEFERRED["tried"] += 1
-    above, hist, nz, first, ends, fill = np.zeros(K, np.int64), np.zeros(256, np.int64), 0, [], [], 0
-    for (a, z), c in zip(segs, caps):
+    hist, nz = np.zeros(256, np.int64), [0]
+
+    def scan(a, z, f, c):
         bad, ab, p0, p1, dnz, h, bo = km.ca_merge_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, w, o[a:z],
-                                                       oraw[a:z] if emitting else oraw, sc, emitting,
-                                                       pos[fill:fill + c], pat[fill:fill + c], vals[:, fill:fill + c])
-        if release is not None:
-            release(a, z)
-        if bad or bo or (p1 < 0).any():
-            return None
-        above, hist, nz = above + ab, hist + h, nz + dnz
+                                                       oraw[a:z] if emitting else oraw, sc, emitting, pos[f:f + c],
+                                                       pat[f:f + c], vals[:, f:f + c])
+        hist[:] += h
+        nz[0] += dnz
         for q0, q1 in zip(p0, p1):
-            pos[fill + q0:fill + q1] += a  # the segment's positions, made the tensor's
-        first.append(fill + p0)
-        ends.append(fill + p1)
-        fill += c
-    first, ends = np.concatenate(first), np.concatenate(ends)
-    thr = _ca_select(km, vals, pat, first, ends, above, ks, his, los, wds, buf)
-    if thr is None:
+            pos[f + q0:f + max(q0, q1)] += a  # the segment's positions, made the tensor's
+        return bad or bo, ab, p0, p1
+
+    got = _ca_pass(rs, ks, his, los, wds, segs, caps, pat, vals, buf, release, scan)
+    if got is None:
         return None
+    thr, first, ends = got
     bad, dnz, h, bo = km.ca_fix(vals, tuple(vals[1 + k] for k in range(K)), pos, first, ends, thr.view(np.float32),
                                 w, o, oraw, sc, emitting)
     if bad or bo:
         return None
     CA_DEFERRED["found"] += 1
-    return 0, int(nz + dnz), km.pairs_of_hist(hist + h, K), _emitted(0, e), [float(t) for t in thr.view(np.float32)]
+    return 0, int(nz[0] + dnz), km.pairs_of_hist(hist + h, K), _emitted(0, e), [float(t) for t in thr.view(np.float32)]
 
 
 def _ca_windows(b, rs, ks, n: int):
