@@ -3645,25 +3645,48 @@ def _ca_scan_span(bs, rs, his, los, wds, pp, ab):
 
 @overload(_ca_scan_span)
 def _ca_scan_span_impl(bs, rs, his, los, wds, pp, ab):
-    K = len(rs)
-    lines = ["def f(bs, rs, his, los, wds, pp, ab):", "    c = np.int32(0)", "    bad = np.int32(0)"]
+    return _defined(_ca_pass_src(len(rs), False))
+
+
+def _ca_pass_src(K: int, merge: bool) -> str:
+    """The source of _ca_scan_span (`merge` False) or _ca_merge_span for K models: per element and model in order,
+    whether the slot is still free for sure (ok: no model before met its window there or lay above it), the marks
+    (pp: 1 + the first model meeting its window on such a slot) and the counts above the windows (ab); with `merge`,
+    the element merged as _ca_span merges it with each model keeping where it is free for sure and at or above its
+    window (no model keeps at a marked slot)."""
+    args = "bs, rs, his, los, wds, ws, o, pt, pp, ab" if merge else "bs, rs, his, los, wds, pp, ab"
+    lines = [f"def f({args}):", "    c = np.int32(0)"]
+    lines += ["    zero = np.float32(0.0)", "    bad = np.uint32(0)", "    nz = np.int32(0)"] if merge else [
+        "    bad = np.int32(0)"]
     for k in range(K):
-        lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    w{k} = wds[{k}]",
-                  f"    a{k} = np.int32(0)"]
+        lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
+                  f"    a{k} = np.int32(0)"] + ([f"    w{k} = ws[{k}]"] if merge else [])
     lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        ok = True",
               "        p = np.uint32(0)"]
     for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
-        lines += [f"        u = _f32_as_u32(abs(as_f32(r{k}, j) - b))",
-                  "        bad = _inc(bad, u >= _EXP)",
-                  f"        up = u >= h{k}",
-                  f"        iw = np.uint32(u - l{k}) < w{k}",
-                  f"        a{k} = _inc(a{k}, ok & up)",
-                  f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))",
-                  "        ok = ok & (not (up | iw))"]
+        lines += [f"        x{k} = as_f32(r{k}, j) - b",
+                  f"        u = _f32_as_u32(abs(x{k}))"]
+        if not merge:
+            lines.append("        bad = _inc(bad, u >= _EXP)")
+        lines += [f"        up = u >= h{k}",
+                  f"        iw = np.uint32(u - l{k}) < d{k}",
+                  f"        k{k} = ok & up",
+                  f"        a{k} = _inc(a{k}, k{k})",
+                  f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))"]
+        if merge:
+            lines.append(f"        v{k} = x{k} if k{k} else zero")
+        lines.append("        ok = ok & (not (up | iw))")
+    if merge:
+        lines.append("        g = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+        lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
+                                                    for k in range(K)))
+        lines.append("        t = v0 * w0")
+        lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
+        lines += ["        o[j] = t", "        bad = max(bad, _flag(g + _nf(t)))", "        nz = _inc(nz, t != zero)"]
     lines += ["        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
     lines += [f"    ab[{k}] += a{k}" for k in range(K)]
-    lines.append("    return c, bad")
-    return _defined("\n".join(lines) + "\n")
+    lines.append("    return c, bad, nz" if merge else "    return c, bad")
+    return "\n".join(lines) + "\n"
 
 
 def ca_candidates(vals, pat, first, ends, offs, tk, k, hk, lk, wk, ub, fl, cand, res, t_before):
@@ -3794,34 +3817,7 @@ def _ca_merge_span(bs, rs, his, los, wds, ws, o, pt, pp, ab):
 
 @overload(_ca_merge_span)
 def _ca_merge_span_impl(bs, rs, his, los, wds, ws, o, pt, pp, ab):
-    K = len(rs)
-    lines = ["def f(bs, rs, his, los, wds, ws, o, pt, pp, ab):", "    zero = np.float32(0.0)",
-             "    c = np.int32(0)", "    bad = np.uint32(0)", "    nz = np.int32(0)"]
-    for k in range(K):
-        lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
-                  f"    w{k} = ws[{k}]", f"    a{k} = np.int32(0)"]
-    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        ok = True",
-              "        p = np.uint32(0)"]
-    for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
-        lines += [f"        x{k} = as_f32(r{k}, j) - b",
-                  f"        u = _f32_as_u32(abs(x{k}))",
-                  f"        up = u >= h{k}",
-                  f"        iw = np.uint32(u - l{k}) < d{k}",
-                  f"        k{k} = ok & up",
-                  f"        a{k} = _inc(a{k}, k{k})",
-                  f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))",
-                  f"        v{k} = x{k} if k{k} else zero",
-                  "        ok = ok & (not (up | iw))"]
-    lines.append("        g = " + " + ".join(f"_nf(x{k})" for k in range(K)))
-    lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
-                                                for k in range(K)))
-    lines.append("        t = v0 * w0")
-    lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
-    lines += ["        o[j] = t", "        bad = max(bad, _flag(g + _nf(t)))", "        nz = _inc(nz, t != zero)",
-              "        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
-    lines += [f"    ab[{k}] += a{k}" for k in range(K)]
-    lines.append("    return c, bad, nz")
-    return _defined("\n".join(lines) + "\n")
+    return _defined(_ca_pass_src(len(rs), True))
 
 
 def ca_fix(vals, rows, pos, first, ends, tv, ws, out, oraw, sc, emit):

@@ -981,14 +981,14 @@ def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release
     w = np.asarray(weights, np.float64)
     km = _mod()
     CA_DEFERRED["tried"] += 1
-    hist, nz = np.zeros(256, np.int64), [0]
+    hist, nz = np.zeros(256, np.int64), 0
 
     def scan(a, z, f, c):
+        nonlocal hist, nz
         bad, ab, p0, p1, dnz, h, bo = km.ca_merge_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, w, o[a:z],
                                                        oraw[a:z] if emitting else oraw, sc, emitting, pos[f:f + c],
                                                        pat[f:f + c], vals[:, f:f + c])
-        hist[:] += h
-        nz[0] += dnz
+        hist, nz = hist + h, nz + dnz
         for q0, q1 in zip(p0, p1):
             pos[f + q0:f + max(q0, q1)] += a  # the segment's positions, made the tensor's
         return bad or bo, ab, p0, p1
@@ -1002,7 +1002,7 @@ def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release
     if bad or bo:
         return None
     CA_DEFERRED["found"] += 1
-    return 0, int(nz[0] + dnz), km.pairs_of_hist(hist + h, K), _emitted(0, e), [float(t) for t in thr.view(np.float32)]
+    return 0, int(nz + dnz), km.pairs_of_hist(hist + h, K), _emitted(0, e), [float(t) for t in thr.view(np.float32)]
 
 
 def _ca_windows(b, rs, ks, n: int):

@@ -253,7 +253,7 @@ class _Magnitude(Weighted):
         two passes in one); the ties each model met advance its TopK in every pass, as feeding it would. Before
         any scan (:meth:`defers`): the thresholds found in the same pass."""
         out = st.acc if self.consensus else st.total
-        if not st.topk:
+        if st.deferring:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i].selection(0) for i in wanted],
                                [st.plan.weights[i] for i in wanted], self.consensus_code(st),
@@ -417,7 +417,7 @@ class Breadcrumbs(_Magnitude):
         TopKs advance by the ties they met, in every pass. Before any scan (:meth:`defers`): both thresholds found
         in the same pass."""
         out = st.acc if self.consensus else st.total
-        if not st.topk:
+        if st.deferring:
             return self._merge_deferred(st, raws, base, wanted, out)
         got = K.topk_merge_raw(base, raws, [st.topk[i][0].selection(0) for i in wanted],
                                [st.plan.weights[i] for i in wanted], self.consensus_code(st),
