@@ -340,6 +340,37 @@ def test_numba_loads_the_merge_loops_without_a_full_garbage_collection():
     assert _python(code) == ["True", "0", "True"]
 
 
+def test_settled_malloc_serves_growing_transient_arrays_from_the_heap():
+    """core.memory.settle_malloc: where glibc's moving threshold would map each new, larger block afresh (every
+    page faulted in again), the settled thresholds serve them from the heap, whose pages are reused: arrays of
+    128 KB to 4 MB (below numpy's huge-page advice) made and dropped in turn, as a merge's per-tensor histograms
+    and counts are. Refused (False, nothing set) where the user set malloc's own variables."""
+    if not _python("from icmltools.core.memory import settle_malloc; print(settle_malloc())") == ["True"]:
+        pytest.skip("not glibc")
+    code = ("import sys, resource, numpy as np\n"
+            "from icmltools.core.memory import settle_malloc\n"
+            "ok = settle_malloc() if sys.argv[-1] == '1' else None\n"
+            "f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "for k in range(2, 64):\n"
+            "    a = np.ones(k << 14, np.float32); del a\n"
+            "print(ok, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)")
+    import subprocess
+    import sys
+
+    def run(flag, **env):
+        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True,
+                             env={**os.environ, **env})
+        assert out.returncode == 0, out.stderr
+        ok, faults = out.stdout.split()
+        return ok, int(faults)
+
+    (ok0, moving), (ok1, settled) = run("0"), run("1")
+    assert ok0 == "None" and ok1 == "True"
+    assert moving > 25_000  # 126 MB mapped afresh in all: 4 KB pages, each faulted in (32.2K here)
+    assert settled < moving / 8  # the heap grown to 4 MB once (1.0K here)
+    assert run("1", MALLOC_TRIM_THRESHOLD_="131072") == ("False", run("1", MALLOC_TRIM_THRESHOLD_="131072")[1])
+
+
 def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole():
     """The merge and P-step kernels load numba without its probe's import of scipy.linalg: after a compiled
     merge loop has run and the P-step's module loaded, through their own seams, scipy.linalg is not loaded (fails

@@ -626,6 +626,24 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
     assert x.data_ptr() % (1 << 21) == 0 and _anon_huge_kb(x.data_ptr()) >= 2048
 
 
+def test_cpu_merges_settle_malloc_first(monkeypatch):
+    """Every streamed merge on the CPU settles glibc malloc's thresholds (core.memory.settle_malloc) before its
+    first tensor, so the loops' transient arrays come from the heap from the start."""
+    calls = []
+    monkeypatch.setattr(E, "settle_malloc", lambda: calls.append(1) or True)
+    base, models = _models(3)
+    before = []
+    real = E._Run.__post_init__
+
+    def seen(self):
+        before.append(len(calls))
+        real(self)
+
+    monkeypatch.setattr(E._Run, "__post_init__", seen)
+    E.merge_state_dicts(base, models, E.make_plan("ties", 3))
+    assert calls == [1] and before == [1]
+
+
 def test_negmerge_registry_is_the_engine_classes():
     from icmltools.negmerge import merge as NM
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
 
 from icmltools.core.errors import BadInputError, RuntimeFailure
+from icmltools.core.memory import settle_malloc
 from icmltools.core.seed import derive
 from icmltools.taskvec import (
     CheckpointReader,
@@ -1089,6 +1090,8 @@ def iter_merged(base: CheckpointReader, models: Sequence[CheckpointReader], plan
     is in the writer's slot, :meth:`_Direct.take`), merged task-vector chunk or None): consume it before the
     next tensor (the buffers are reused)."""
     stats = stats if stats is not None else MergeStats(plan.method.name, len(models))
+    if device == "cpu":
+        settle_malloc()  # the loops' transient arrays from the heap from the first tensor on
     run = _Run(base, models, plan, device, stats, allow_non_finite, out=direct)
     t0, k0 = time.perf_counter(), K.runs()
     for j, name in enumerate(names):
