@@ -1177,7 +1177,12 @@ def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models, monkeypa
                     released = []
                     got = K.topk_merge_deferred(base, raws, ks, keep, ws, consensus, True, o2, emit=e2,
                                                 release=lambda a, b, r=released: r.append((a, b)))
-                    assert released == [(a, min(n, a + 300_001)) for a in range(0, n, 300_001)]
+                    # each piece's range once it is done: the tensor tiled once, no range across segments
+                    released.sort()
+                    assert released[0][0] == 0 and released[-1][1] == n, released
+                    assert all(x[1] == y[0] for x, y in zip(released, released[1:])), released
+                    assert all(a // 300_001 == (b - 1) // 300_001 for a, b in released), released
+                    assert len(released) >= -(-n // 300_001)
                     case = (consensus, keep, dens, emit)
                     assert got is not None and K.DEFERRED["found"] == before["found"] + 1, case
                     if emit:
@@ -1190,6 +1195,44 @@ def test_deferred_thresholds_merge_as_the_scan_bitwise(dtype, k_models, monkeypa
                     assert (got[1], got[2]) == (want[1], want[2]) and np.array_equal(got[3], want[3]), case
                     assert got[5] == [tuple(K.radix_select_tau(r, base, [k])[0][0]) for r, k in zip(raws, ks)]
     assert split >= 4  # the ties model's quota split its ties in the cases without keep_ties
+
+
+@needs_numba
+def test_deferred_passes_release_each_piece_once_it_is_done(monkeypatch):
+    """The deferred passes (topk_merge_deferred; ca_thresholds' and ca_merge_deferred's) call `release` with each
+    piece's range as soon as that piece is done, not once per segment: the calls tile the tensor once, none
+    crosses a segment, several per segment, and at each call the piece's output is already written (the output
+    filled with NaN before)."""
+    n, base, raws = _deferred_inputs(3, torch.bfloat16)
+    seg = 1 << 20  # 4 pieces of 2^18 per full segment
+    monkeypatch.setattr(K, "_DEFER_SEGMENT", seg)
+
+    def check(calls):
+        calls.sort()
+        assert calls[0][0] == 0 and calls[-1][1] == n
+        assert all(x[1] == y[0] for x, y in zip(calls, calls[1:]))
+        assert all(a // seg == (b - 1) // seg for a, b in calls)
+        assert len(calls) >= 2 * -(-n // seg)
+
+    ks = [int(0.2 * n)] * 3
+    for run in ("topk", "ca_merge", "ca_thresholds"):
+        out = torch.full((n,), float("nan"))
+        calls, unwritten = [], []
+
+        def release(a, b, calls=calls, unwritten=unwritten, out=out, run=run):
+            calls.append((a, b))
+            if run != "ca_thresholds" and torch.isnan(out[a:b]).any():
+                unwritten.append((a, b))
+
+        if run == "topk":
+            got = K.topk_merge_deferred(base, raws, ks, False, [1.0] * 3, False, True, out, release=release)
+        elif run == "ca_merge":
+            got = K.ca_merge_deferred(base, raws, ks, [1.0] * 3, out, release=release)
+        else:
+            got = K.ca_thresholds(base, raws, ks, release=release)
+        assert got is not None, run
+        check(calls)
+        assert unwritten == [], run
 
 
 @needs_numba

@@ -47,19 +47,23 @@ def _pjit(fn):
     return _jit(fn, parallel=True)
 
 
-def _run_pieces(fn, T, phase, args):
+def _run_pieces(fn, T, phase, args, after=None):
     """fn(p, T, phase, *args) for every piece p of T, spread over numba's thread count (`core.device.numba_threads`
     sizes it): the calling thread and a pool's threads each take the next piece until none is left (fn is a
     serial loop compiled with nogil, so they run at once). Instead of `prange`, for the one-pass drivers: a
     parallel loop's compile optimises its body's code again (_merge_models: 18.9-20.4 s per model count and
-    dtype, 9.2-10.6 s serial). A Ctrl-C waits for the pieces running (they write into the caller's buffers),
-    starts no other, and is raised then; an error in a piece is raised after every piece has stopped."""
+    dtype, 9.2-10.6 s serial). `after(p)`, where given, runs in the same thread once piece p is done (the
+    deferred passes release its inputs' pages there). A Ctrl-C waits for the pieces running (they write into the
+    caller's buffers), starts no other, and is raised then; an error in a piece is raised after every piece has
+    stopped."""
     import itertools
 
     n = min(T, numba.get_num_threads())
     if n <= 1:
         for p in range(T):
             fn(p, T, phase, *args)
+            if after is not None:
+                after(p)
         return
     nxt, stop = itertools.count(), []
 
@@ -70,6 +74,8 @@ def _run_pieces(fn, T, phase, args):
                 return
             try:
                 fn(p, T, phase, *args)
+                if after is not None:
+                    after(p)
             except BaseException:
                 stop.append(p)
                 raise
@@ -123,6 +129,19 @@ def _piece(n, t, T, align):
     """[lo, hi) of piece t of T over n elements, cut at multiples of `align` (blocks never straddle pieces)."""
     blocks = (n + align - 1) // align
     return min(n, (blocks * t // T) * align), min(n, (blocks * (t + 1) // T) * align)
+
+
+def _releasing(done, n, T, align):
+    """_run_pieces' `after` for a pass whose pieces read only their own elements: done(lo, hi) with piece p's
+    range once it is done (None without `done`)."""
+    if done is None:
+        return None
+
+    def after(p):
+        blocks = (n + align - 1) // align  # _piece's cut
+        done(min(n, (blocks * p // T) * align), min(n, (blocks * (p + 1) // T) * align))
+
+    return after
 
 
 _EXP = np.uint32(0x7F800000)
@@ -3055,7 +3074,7 @@ def _store_one_by_one(pp, a, b, s, base, rs, pos, pat, vals, m, end):
 
 
 def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws, consensus, normalize, out, oraw, sc,
-                        emit, pos, pat, vals):
+                        emit, pos, pat, vals, done=None):
     """The provisional pass (see above): the pieces (on threads: _run_pieces) each store their entries in their share of
     pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES), los2/wds2 its window,
     his2 its end. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
@@ -3071,7 +3090,8 @@ def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws
     starts = np.array([cap * p // T for p in range(T)], np.int64)
     _run_pieces(_deferred_piece_of, T, 0, (base, raws, tv, np.ones(K, np.bool_), np.ones(K, np.float32), wv,
                                            consensus, normalize, out, h4, oraw, sc, emit, los, wds, los2, wds2, his2,
-                                           ab, tv2, tf2, pos, pat, vals, cap, res))
+                                           ab, tv2, tf2, pos, pat, vals, cap, res),
+                _releasing(done, base.shape[0], T, 4096))
     return (res[:, 0].sum(), res[:, 1].sum(), h4.sum(axis=0), starts, res[:, 3].copy(), res[:, 2].sum(),
             ab.sum(axis=0))
 
@@ -3597,7 +3617,7 @@ def ca_share(us, los, wds):
     return c
 
 
-def ca_scan(base, raws, his, los, wds, pat, vals):
+def ca_scan(base, raws, his, los, wds, pat, vals, done=None):
     """The pass (see above) over one segment: model k's window is the |tau| bits u with u - los[k] < wds[k]
     (unsigned), his[k] = los[k] + wds[k]; pieces of whole blocks on threads (_run_pieces), each storing its entries
     in its share of pat (the first model meeting its window, plus 1) and vals (rows: the base's then each model's
@@ -3608,7 +3628,8 @@ def ca_scan(base, raws, his, los, wds, pat, vals):
     cap = pat.shape[0]
     ab = np.zeros((T, K), np.int64)
     res = np.zeros((T, 2), np.int64)
-    _run_pieces(_ca_scan_piece, T, 0, (base, raws, his, los, wds, pat, vals, cap, ab, res))
+    _run_pieces(_ca_scan_piece, T, 0, (base, raws, his, los, wds, pat, vals, cap, ab, res),
+                _releasing(done, base.shape[0], T, _BLOCK))
     starts = np.array([cap * p // T for p in range(T)], np.int64)
     return res[:, 0].sum(), ab.sum(axis=0), starts, res[:, 1].copy()
 
@@ -3750,7 +3771,7 @@ def _ca_cand_span(rk, b0, pat, tk, on, hk, lk, wk, ub, fl, on0, t0):
 # the thresholds are found (ca_fix), as topk_merge_deferred does for TIES. The inputs are read once instead of twice.
 
 
-def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, vals):
+def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, vals, done=None):
     """ca_scan over one segment that also merges: out (or the output element, `emit`) = _ca_span's result where
     the slot is no entry, computed from what the windows decide (model k keeps where it is the first free for
     sure with |tau| at or above his[k]); at an entry every model counts as not keeping (out = the sum of zeros),
@@ -3764,7 +3785,7 @@ def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, 
     h4 = np.zeros((4 * T, 256), np.int64)
     res = np.zeros((T, 4), np.int64)
     _run_pieces(_ca_merge_piece, T, 0, (base, raws, his, los, wds, np.asarray(ws, np.float32), out, oraw, sc, emit,
-                                        pos, pat, vals, cap, ab, h4, res))
+                                        pos, pat, vals, cap, ab, h4, res), _releasing(done, base.shape[0], T, _BLOCK))
     starts = np.array([cap * p // T for p in range(T)], np.int64)
     hist = np.zeros(256, np.int64)
     _add_parts(hist, h4)

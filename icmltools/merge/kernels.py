@@ -602,7 +602,9 @@ def topk_merge_raw(base, raws, sels, weights, consensus: int, normalize: bool, o
 
 DEFER_MIN = 1 << 21  # smaller tensors: the scan's two passes are short, no deferred thresholds
 DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thresholds held (the rest: scanned, again)
-_DEFER_SEGMENT = 1 << 22  # the deferred pass's segment (elements): the inputs' pages are released after each
+# the deferred pass's segment (elements): one call of its loop on the threads, whose pieces release their inputs'
+# pages each as it ends (2^22 before session 43, released per segment: 0.03 s more per merge of the benchmark's files)
+_DEFER_SEGMENT = 1 << 24
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
 
 
@@ -634,19 +636,23 @@ def _entry_buffers(n: int, share: float, K: int, dtype, buf, positions: bool):
     return segs, caps, pos, pat, vals, buf
 
 
+def _from(release, a):
+    """release(a + lo, a + hi) for a piece [lo, hi) of the segment that starts at a (None without `release`)."""
+    return None if release is None else (lambda lo, hi: release(a + lo, a + hi))
+
+
 def _deferred_segments(km, b, rs, args, o, ef, segs, caps, pos, pat, vals, release):
     """topk_merge_deferred's pass, segment by segment ([a, b) of `segs`, entries in `caps[i]` slots each), `release`
-    called after each: (nonzeros, kept-bits histogram, counts above the tops' windows, the entries' regions
-    (first, end)), or None (a non-finite element or output, a segment's entries overflowing)."""
+    called for each piece as it ends: (nonzeros, kept-bits histogram, counts above the tops' windows, the entries'
+    regions (first, end)), or None (a non-finite element or output, a segment's entries overflowing)."""
     import numpy as np
 
     fill, nz, hist, above2, first, ends = 0, 0, np.zeros(256, np.int64), 0, [], []
     for (a, bb), c in zip(segs, caps):
         oraw = ef[0][a:bb] if ef[2] else ef[0]
         got = km.topk_merge_deferred(b[a:bb], tuple(r[a:bb] for r in rs), *args, o[a:bb], oraw, ef[1], ef[2],
-                                     pos[fill:fill + c], pat[fill:fill + c], vals[:, fill:fill + c])
-        if release is not None:
-            release(a, bb)
+                                     pos[fill:fill + c], pat[fill:fill + c], vals[:, fill:fill + c],
+                                     _from(release, a))
         if got[0] or got[5] or (got[4] < 0).any():
             return None
         nz, hist, above2 = nz + got[1], hist + got[2], above2 + got[6]
@@ -663,17 +669,17 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     """topk_merge_raw over a whole tensor without the scan: each model keeps its ks[k] largest |tau| (ties by lower
     index, or all of them with `keep_ties`), its threshold found in the same pass (see _kernels_numba's "top-k,
     thresholds deferred"): a sample names the window of |tau| each threshold lies in (bucket_windows), the pass
-    merges with what lies above the windows and stores the positions where a model's |tau| lies in its window,
-    then those are merged again with the exact thresholds. With `tops` (Breadcrumbs, consensus False), each
-    model's tops[k] largest are dropped as well (its second TopK): a second window per model, above the first,
-    its elements stored too and those above it counted. Bitwise topk_merge_raw with the scan's selections. Its results (with
-    each model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside
-    its window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
+    merges with what lies above the windows and stores the positions where a model's |tau| lies in its window, then
+    those are merged again with the exact thresholds. With `tops` (Breadcrumbs, consensus False), each model's
+    tops[k] largest are dropped as well (its second TopK): a second window per model, above the first, its elements
+    stored too and those above it counted. Bitwise topk_merge_raw with the scan's selections. Its results (with each
+    model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside its
+    window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
     decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
-    pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), calling
-    `release(a, b)` after each (the engine drops the inputs' mapped pages there: memory independent of the model
-    count). Where only some windows miss their k, `found` (a dict) gets "sels": each window's selection as in the
-    results, None where it missed (its model's scan alone is then needed)."""
+    pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), each
+    segment's pieces calling `release(a, b)` with their range as each ends (the engine drops the inputs' mapped
+    pages there: memory independent of the model count). Where only some windows miss their k, `found` (a dict) gets
+    "sels": each window's selection as in the results, None where it missed (its model's scan alone is then needed)."""
     import numpy as np
 
     got = _one_pass(base, raws, out)
@@ -875,8 +881,8 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     km = _mod()
     CA_THRESHOLDS["tried"] += 1
     got = _ca_pass(rs, ks, his, los, wds, segs, caps, pat, vals, buf, release,
-                   lambda a, z, f, c: km.ca_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, pat[f:f + c],
-                                                 vals[:, f:f + c]))
+                   lambda a, z, f, c, done: km.ca_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds,
+                                                       pat[f:f + c], vals[:, f:f + c], done))
     if got is None:
         return None
     CA_THRESHOLDS["found"] += 1
@@ -903,18 +909,16 @@ def _ca_entries(base, raws, out, ks, buf, positions: bool, least: int):
 
 
 def _ca_pass(rs, ks, his, los, wds, segs, caps, pat, vals, buf, release, scan):
-    """ca_thresholds' pass (or ca_merge_deferred's) segment by segment: scan(a, z, f, c) runs its loop over [a, z) of
-    the tensor into the entry slots [f, f + c) and returns (failed, each model's count above its window, the pieces'
-    first entries, their ends (-1: overflowed)); `release(a, z)` after each segment. Then the thresholds from the
-    entries (_ca_select): (their bits, the regions' first entries, their ends), or None (a failed or overflowed
-    segment, a threshold outside its window)."""
+    """ca_thresholds' pass (or ca_merge_deferred's) segment by segment: scan(a, z, f, c, done) runs its loop over [a,
+    z) of the tensor into the entry slots [f, f + c) and returns (failed, each model's count above its window, the
+    pieces' first entries, their ends (-1: overflowed)); scan(a, z, f, c, done) with `done` = release shifted to the
+    segment (each piece's range as it ends). Then the thresholds from the entries (_ca_select): (their bits, the
+    regions' first entries, their ends), or None (a failed or overflowed segment, a threshold outside its window)."""
     import numpy as np
 
     above, first, ends, fill = np.zeros(len(rs), np.int64), [], [], 0
     for (a, z), c in zip(segs, caps):
-        bad, ab, p0, p1 = scan(a, z, fill, c)
-        if release is not None:
-            release(a, z)
+        bad, ab, p0, p1 = scan(a, z, fill, c, _from(release, a))
         if bad or (p1 < 0).any():
             return None
         above += ab
@@ -983,11 +987,11 @@ def ca_merge_deferred(base, raws, ks, weights, out, emit=None, buf=None, release
     CA_DEFERRED["tried"] += 1
     hist, nz = np.zeros(256, np.int64), 0
 
-    def scan(a, z, f, c):
+    def scan(a, z, f, c, done):
         nonlocal hist, nz
         bad, ab, p0, p1, dnz, h, bo = km.ca_merge_scan(b[a:z], tuple(r[a:z] for r in rs), his, los, wds, w, o[a:z],
                                                        oraw[a:z] if emitting else oraw, sc, emitting, pos[f:f + c],
-                                                       pat[f:f + c], vals[:, f:f + c])
+                                                       pat[f:f + c], vals[:, f:f + c], done)
         hist, nz = hist + h, nz + dnz
         for q0, q1 in zip(p0, p1):
             pos[f + q0:f + max(q0, q1)] += a  # the segment's positions, made the tensor's
