@@ -133,15 +133,8 @@ def _piece(n, t, T, align):
 
 def _releasing(done, n, T, align):
     """_run_pieces' `after` for a pass whose pieces read only their own elements: done(lo, hi) with piece p's
-    range once it is done (None without `done`)."""
-    if done is None:
-        return None
-
-    def after(p):
-        blocks = (n + align - 1) // align  # _piece's cut
-        done(min(n, (blocks * p // T) * align), min(n, (blocks * (p + 1) // T) * align))
-
-    return after
+    range (_piece's) once it is done (None without `done`)."""
+    return None if done is None else (lambda p: done(*_piece(n, p, T, align)))
 
 
 _EXP = np.uint32(0x7F800000)
@@ -3077,7 +3070,7 @@ def topk_merge_deferred(base, raws, tv, los, wds, los2, wds2, his2, tv2, tf2, ws
                         emit, pos, pat, vals, done=None):
     """The provisional pass (see above): the pieces (on threads: _run_pieces) each store their entries in their share of
     pos/pat/vals. tv2, tf2: Breadcrumbs' provisional top (None for magnitude and TIES), los2/wds2 its window,
-    his2 its end. Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
+    his2 its end; `done(lo, hi)`, where given, with each piece's range as it ends (_releasing). Returns (non-finite flag, nonzeros, the kept-model bits' histogram (256), the pieces' first
     entries, their ends (-1: a piece's share overflowed), non-finite output flag, each model's elements above
     its top's window)."""
     K = len(raws)
@@ -3621,8 +3614,9 @@ def ca_scan(base, raws, his, los, wds, pat, vals, done=None):
     """The pass (see above) over one segment: model k's window is the |tau| bits u with u - los[k] < wds[k]
     (unsigned), his[k] = los[k] + wds[k]; pieces of whole blocks on threads (_run_pieces), each storing its entries
     in its share of pat (the first model meeting its window, plus 1) and vals (rows: the base's then each model's
-    raw elements). Returns (non-finite count, each model's count of free slots above its window, the pieces'
-    first entries, their ends (-1: a piece's share overflowed))."""
+    raw elements); `done(lo, hi)`, where given, with each piece's range as it ends (_releasing). Returns
+    (non-finite count, each model's count of free slots above its window, the pieces' first entries, their ends
+    (-1: a piece's share overflowed))."""
     K = len(raws)
     T = _n_pieces(base.shape[0], _BLOCK)
     cap = pat.shape[0]
@@ -3776,8 +3770,8 @@ def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, 
     the slot is no entry, computed from what the windows decide (model k keeps where it is the first free for
     sure with |tau| at or above his[k]); at an entry every model counts as not keeping (out = the sum of zeros),
     left for ca_fix, which rewrites it. Entries stored as ca_scan's, with their positions (pos, from the segment's
-    start). Returns (non-finite flag, the counts above the windows, the pieces' first entries, their ends (-1:
-    overflowed), nonzeros, the kept-bits histogram (256), non-finite output flag)."""
+    start); `done` as ca_scan's. Returns (non-finite flag, the counts above the windows, the pieces' first
+    entries, their ends (-1: overflowed), nonzeros, the kept-bits histogram (256), non-finite output flag)."""
     K = len(raws)
     T = _n_pieces(base.shape[0], _BLOCK)
     cap = pat.shape[0]
