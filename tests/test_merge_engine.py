@@ -1897,6 +1897,41 @@ def test_ties_span_counts_each_of_eight_models_apart():
     assert [km._unpack(got, k) for k in range(8)] == want
 
 
+def test_borrowed_spans_view_their_parent_without_a_reference():
+    """_span / _rowspan: a[lo:hi] and a[k, lo:hi] of contiguous arrays as views (same elements, writes reach the
+    parent) whose meminfo is null, so the loops' spans run no atomic reference count; a plain slice shares its
+    parent's meminfo (what the probe sees), and arrays that are not contiguous take the plain slice."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    km = K._mod()
+
+    @intrinsic
+    def meminfo_of(typingctx, a):
+        def codegen(context, builder, sig, args):
+            mi = context.make_array(sig.args[0])(context, builder, args[0]).meminfo
+            return builder.ptrtoint(mi, ir.IntType(64))
+        return types.int64(a), codegen
+
+    @njit
+    def probe(x, m, s):
+        v, r, w = km._span(x, 2, 5), km._rowspan(m, 1, 1, 3), x[2:5]
+        v[0] = 7.0
+        r[1] = 9.0
+        sv, sr = km._span(s, 1, 3), km._rowspan(m.T, 0, 1, 3)
+        return ((meminfo_of(v), meminfo_of(r), meminfo_of(w) == meminfo_of(x), meminfo_of(sv) == meminfo_of(s) != 0),
+                v.copy(), r.copy(), sv.copy(), sr.copy())
+
+    x = np.arange(10, dtype=np.float32)
+    m = np.arange(12, dtype=np.float32).reshape(3, 4)
+    (mv, mr, w_shares, sv_shares), v, r, sv, sr = probe(x, m, x[::2])
+    assert mv == 0 and mr == 0 and w_shares and sv_shares
+    assert x[2] == 7.0 and m[1, 2] == 9.0
+    assert v.tolist() == [7.0, 3.0, 4.0] and r.tolist() == [5.0, 9.0]
+    assert sv.tolist() == x[::2][1:3].tolist() and sr.tolist() == m.T[0, 1:3].tolist()
+
+
 def test_pieces_stay_below_2_30_elements_so_their_counts_fit_32_bits():
     """_n_pieces / _piece: up to 8 pieces (none below 2^18 elements) that cover [0, n) in order, at block
     boundaries, more only where a piece would pass 2^30 elements (the loops count a piece in 32 bits)."""

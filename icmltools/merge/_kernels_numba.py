@@ -344,7 +344,7 @@ def _topk_span(xs, t, all_ties, left, seen0):
     seen = seen0
     n = xs.shape[0]
     for s in range(0, n, 4096):
-        blk = xs[s:min(s + 4096, n)]
+        blk = _span(xs, s, min(s + 4096, n))
         c = _count_ties(blk, t)
         if all_ties or seen + c <= left or seen >= left:
             _keep_above(blk, t, all_ties or seen + c <= left)
@@ -415,7 +415,7 @@ def _band_span(xs, mode_k, tk, all_k, left_k, sk0, mode_t, tt, all_t, left_t, st
     seen_k, seen_t = sk0, st0
     n = xs.shape[0]
     for s in range(0, n, 4096):
-        blk = xs[s:min(s + 4096, n)]
+        blk = _span(xs, s, min(s + 4096, n))
         ck = _count_ties(blk, tk) if mode_k == 2 else 0
         ct = _count_ties(blk, tt) if mode_t == 2 else 0
         ties_k = all_k or seen_k + ck <= left_k
@@ -573,7 +573,7 @@ def _count_bytes(bs, h4):
     4096-byte blocks of 4 random bits); others as h4[j % 4][bs[j]] += 1: four histograms, so runs of equal bytes
     (most slots hold the same bits) do not wait on one counter (0.86 -> 0.31 ns per byte)."""
     n8 = bs.shape[0] // 8
-    w = bs[:n8 * 8].view(np.uint64)
+    w = _span(bs, 0, n8 * 8).view(np.uint64)
     o = np.uint64(0)
     for q in range(n8):  # vectorised: the bits any byte sets
         o |= w[q]
@@ -606,7 +606,7 @@ def _count_nibbles(bs, w, h):
     n8 = w.shape[0]
     sup = np.zeros(16, np.int64)
     for q0 in range(0, n8, 255):
-        ws = w[q0:min(n8, q0 + 255)]
+        ws = _span(w, q0, min(n8, q0 + 255))
         c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = np.uint64(0)
         for q in range(ws.shape[0]):
             x0 = ws[q] & _ONES8
@@ -711,7 +711,7 @@ def _nm_tiny(x, lo, hi, n, m, taken, use_taken, pad_tail):
     none = np.int32(-1)
     k = min(n, m)
     whole = (hi - lo) // m
-    xs, tk = x[lo:lo + whole * m], taken[lo:lo + whole * m]
+    xs, tk = _span(x, lo, lo + whole * m), _span(taken, lo, lo + whole * m)
     short = 0
     if k == m:  # every free slot kept: short where a slot of the block was taken
         for i in range(whole):
@@ -768,10 +768,10 @@ def _rank_src(m: int) -> str:
              "    short = 0",
              "    for s in range(lo, end, span):",
              "        e = min(end, s + span)",
-             "        xs, tk = x[s:e], taken[s:e]",
+             "        xs, tk = _span(x, s, e), _span(taken, s, e)",
              f"        nb = (e - s) // {m}",
              "        if use_taken:",
-             "            kr = keys[:e - s]",
+             "            kr = _span(keys, 0, e - s)",
              "            for j in range(e - s):",
              "                kr[j] = none if tk[j] else np.int32(_f32_as_u32(abs(xs[j])))",
              "            for i in range(nb):"]
@@ -936,7 +936,7 @@ def _nm_kept_of(net, tb, L, pat, h4, nzm, pairs):
 @overload(_nm_kept_of)
 def _nm_kept_of_impl(net, tb, L, pat, h4, nzm, pairs):
     if not isinstance(net, types.BaseTuple):
-        return lambda net, tb, L, pat, h4, nzm, pairs: _kept_bits(tb, L, pat[:L], h4)
+        return lambda net, tb, L, pat, h4, nzm, pairs: _kept_bits(tb, L, _span(pat, 0, L), h4)
     return lambda net, tb, L, pat, h4, nzm, pairs: _mask_pairs(tb, L, pat, h4, nzm, pairs)
 
 
@@ -947,7 +947,7 @@ def _nm_columns(x, lo, g, m, taken, use_taken, kt):
     none = np.int32(-1)
     for b in range(g):
         o = lo + b * m
-        blk, tk = x[o:o + m], taken[o:o + m]  # slices: the loops over them vectorise
+        blk, tk = _span(x, o, o + m), _span(taken, o, o + m)  # slices: the loops over them vectorise
         for j in range(m):
             kb = np.int32(_f32_as_u32(abs(blk[j])))
             if use_taken:
@@ -971,10 +971,10 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32, scr):
     P = 4  # m >= _NM_NET_MIN = 3
     while P < m:
         P *= 2
-    kt = scr[:P * G]  # scr: an int32 scratch row of at least _NM_SCR (see _nm_span32)
+    kt = _span(scr, 0, P * G)  # scr: an int32 scratch row of at least _NM_SCR (see _nm_span32)
     kt[:] = np.int32(-2)
-    sh = scr[P * G:P * G + G]
-    mk = scr[P * G + G:P * G + 2 * G].view(np.uint32)
+    sh = _span(scr, P * G, P * G + G)
+    mk = _span(scr, P * G + G, P * G + 2 * G).view(np.uint32)
     zero = np.float32(0.0)
     one = np.uint32(1)
     short = 0
@@ -987,7 +987,7 @@ def _nm_net_span(x, lo, hi, n, m, taken, use_taken, pad_tail, only32, scr):
         _nm_sort_of(only32, kt, P, r, k, mk, sh)
         for b in range(g):
             o = lo + (g0 + b) * m
-            blk, tk = x[o:o + m], taken[o:o + m]  # slices: the loops over them vectorise
+            blk, tk = _span(x, o, o + m), _span(taken, o, o + m)  # slices: the loops over them vectorise
             bits = mk[b]
             short += sh[b]
             for j in range(m):
@@ -1025,6 +1025,60 @@ def _c_rows(*arrays):
 def _flat_rows(*arrays):
     """One-dimensional arrays, of any layout."""
     return all(isinstance(a, types.Array) and a.ndim == 1 for a in arrays)
+
+
+def _span(a, lo, hi):
+    """a[lo:hi] of a 1-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. Only where `a`
+    outlives the view (an argument, or a local of the function that uses the view) and 0 <= lo <= hi <= len(a)."""
+
+
+@overload(_span)
+def _span_impl(a, lo, hi):
+    if isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C":
+        return lambda a, lo, hi: _borrow(a, 0, lo, hi)
+    return lambda a, lo, hi: a[lo:hi]
+
+
+def _rowspan(a, k, lo, hi):
+    """a[k, lo:hi] of a 2-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. As :func:`_span`:
+    `a` outlives the view, 0 <= k < rows, 0 <= lo <= hi <= cols."""
+
+
+@overload(_rowspan)
+def _rowspan_impl(a, k, lo, hi):
+    if isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C":
+        return lambda a, k, lo, hi: _borrow(a, k, lo, hi)
+    return lambda a, k, lo, hi: a[k, lo:hi]
+
+
+@intrinsic
+def _borrow(typingctx, a, k, lo, hi):
+    """a[lo:hi] (1-D, k unused) or a[k, lo:hi] (2-D) of a contiguous array as a view that takes no reference to
+    `a`'s memory (its meminfo is null), so neither making it nor its end runs NRT's count. A slice's count is a
+    locked add on the parent's meminfo, and a locked instruction waits until every store before it has drained:
+    in the compiled loops' spans (a few slices per 512-2048 elements) NRT's two counting functions took 15-16 %
+    of CABS' and BS' samples and 6-7 % of TIES' and Breadcrumbs' (perf, docs/merge-engine.md). No bounds check
+    (:func:`_span`, :func:`_rowspan`)."""
+    if not (isinstance(a, types.Array) and a.layout == "C" and a.ndim in (1, 2)
+            and all(isinstance(v, types.Integer) for v in (k, lo, hi))):
+        return None
+    view = types.Array(a.dtype, 1, "C", readonly=not a.mutable, aligned=a.aligned)
+
+    def codegen(context, builder, signature, args):
+        from numba.core import cgutils
+        from numba.np.arrayobj import populate_array
+
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        k_, lo_, hi_ = (context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:]))
+        start = lo_
+        if a.ndim == 2:
+            start = builder.add(builder.mul(k_, cgutils.unpack_tuple(builder, src.shape, 2)[1]), lo_)
+        out = context.make_array(view)(context, builder)
+        itemsize = context.get_abi_sizeof(context.get_data_type(a.dtype))
+        populate_array(out, data=builder.gep(src.data, [start]), shape=[builder.sub(hi_, lo_)],
+                       strides=[context.get_constant(types.intp, itemsize)], itemsize=itemsize, meminfo=None)
+        return out._getvalue()
+    return view(a, k, lo, hi), codegen
 
 
 @intrinsic
@@ -1213,10 +1267,10 @@ def _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm, scr):
     differences of bf16 values, 30 % of the slots taken, against _nm_net_span (AVX-512): 4:32 0.85-0.86 -> 0.41-0.42
     ns per element, 16:32 0.84-0.86 -> 0.44-0.46."""
     G = _NM_G
-    keys = scr[:32 * G]  # lanes past a last, partial group hold what they held: their bits unused
-    kt = scr[32 * G:64 * G]
-    sh = scr[64 * G:65 * G]
-    mk = scr[65 * G:66 * G].view(np.uint32)
+    keys = _span(scr, 0, 32 * G)  # lanes past a last, partial group hold what they held: their bits unused
+    kt = _span(scr, 32 * G, 64 * G)
+    sh = _span(scr, 64 * G, 65 * G)
+    mk = _span(scr, 65 * G, 66 * G).view(np.uint32)
     none = np.int32(-1)
     k = np.int32(min(n, 32))
     short = 0
@@ -1224,7 +1278,7 @@ def _nm_span32(x, lo, hi, n, taken, use_taken, pad_tail, net, nzm, scr):
     for g0 in range(0, whole, G):
         g = min(G, whole - g0)
         o = lo + g0 * 32
-        xs, tk = x[o:o + 32 * g], taken[o:o + 32 * g]  # slices: the loop over them vectorises
+        xs, tk = _span(x, o, o + 32 * g), _span(taken, o, o + 32 * g)  # slices: the loop over them vectorises
         for j in range(32 * g):
             kb = np.int32(_f32_as_u32(abs(xs[j])))
             if use_taken:
@@ -1259,13 +1313,13 @@ def _nm_keys(x, lo, hi, n, m, taken, use_taken, pad_tail, keys):
     none = np.int32(-1)
     for s in range(lo, hi, m):
         e = min(s + m, hi)
-        blk, tk = x[s:e], taken[s:e]  # slices: the loops over them vectorise
+        blk, tk = _span(x, s, e), _span(taken, s, e)  # slices: the loops over them vectorise
         L = e - s
         if L < m and not pad_tail:
             blk[:] = zero
             continue
         k = min(n, L)
-        ks = keys[:L]
+        ks = _span(keys, 0, L)
         t = none
         for j in range(L):
             b = np.int32(_f32_as_u32(abs(blk[j])))
@@ -1498,7 +1552,7 @@ def _mt_walk(x, mt, pos, thr, fill):
             _mt_twist(mt)
             i = 0
         k = min(_MT_N - i, n - j)
-        _mt_span(x[j:j + k], mt[i:i + k], t, fill)
+        _mt_span(_span(x, j, j + k), _span(mt, i, i + k), t, fill)
         i += k
         j += k
     pos[0] = i
@@ -1574,7 +1628,7 @@ def hist_hi_tau(raw, base, counts, taken):
 def _hist_hi_piece(p, T, phase, raw, base, taken, part, bads):
     """Piece p of T of hist_hi_tau (serial, run by _run_pieces)."""
     lo, hi = _piece(raw.shape[0], p, T, 1)
-    bads[p] = _hist_hi_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[p])
+    bads[p] = _hist_hi_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), part[p])
 
 
 def hist_lo_tau(raw, base, bucket, counts, taken):
@@ -1588,7 +1642,7 @@ def hist_lo_tau(raw, base, bucket, counts, taken):
 def _hist_lo_piece(p, T, phase, raw, base, taken, bucket, part):
     """Piece p of T of hist_lo_tau (serial, run by _run_pieces)."""
     lo, hi = _piece(raw.shape[0], p, T, 1)
-    _hist_lo_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), bucket, part[p])
+    _hist_lo_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), bucket, part[p])
 
 
 @_jit
@@ -1625,8 +1679,8 @@ def _sample_piece(k, T, phase, base, raws, starts, width, us, counts):
         if us is None:
             u = ub
         else:
-            u = us[k, i * width:(i + 1) * width]
-        _tau_bits(r[a:a + width], base[a:a + width], u)
+            u = _rowspan(us, k, i * width, (i + 1) * width)
+        _tau_bits(_span(r, a, a + width), _span(base, a, a + width), u)
         for j in range(width):
             u[j] &= _ABS
         if counts is not None:
@@ -1659,7 +1713,8 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
 def _hist_windows_piece(p, T, phase, raw, base, taken, part, bads, NB, s0, w0, s1, w1):
     """Piece p of T of hist_tau_windows (serial, run by _run_pieces)."""
     lo, hi = _piece(raw.shape[0], p, T, 1)
-    bads[p] = _hist_windows_span(raw[lo:hi], base[lo:hi], _part_of(taken, lo, hi), part[p], NB, s0, w0, s1, w1)
+    bads[p] = _hist_windows_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), part[p], NB, s0,
+                                 w0, s1, w1)
 
 
 @_jit
@@ -1685,7 +1740,7 @@ def mark_above_tau(raw, base, thr, taken):
 def _mark_piece(p, T, phase, raw, base, t, taken):
     """Piece p of T of mark_above_tau (pieces, not `prange`: see _pjit)."""
     lo, hi = _piece(raw.shape[0], p, T, 1)
-    _mark_span(raw[lo:hi], base[lo:hi], t, taken[lo:hi])
+    _mark_span(_span(raw, lo, hi), _span(base, lo, hi), t, _span(taken, lo, hi))
 
 
 @_jit
@@ -1711,7 +1766,7 @@ def _part_of(taken, lo, hi):
 def _part_of_impl(taken, lo, hi):
     if isinstance(taken, types.NoneType):
         return lambda taken, lo, hi: None
-    return lambda taken, lo, hi: taken[lo:hi]
+    return lambda taken, lo, hi: _span(taken, lo, hi)
 
 
 def _drop_taken(u, tk):
@@ -1740,8 +1795,8 @@ def _tau_bits(rs, bs, ub):
 def _block_bits(rs, bs, tk, s, e, ub):
     """(u, c): u = ub[:e - s] = the float32 bits of tau over [s, e) of the piece, 0 where tk; c = its non-finite
     tau count (taken elements included)."""
-    u = ub[:e - s]
-    _tau_bits(rs[s:e], bs[s:e], u)
+    u = _span(ub, 0, e - s)
+    _tau_bits(_span(rs, s, e), _span(bs, s, e), u)
     c = np.int32(0)
     for k in range(u.shape[0]):
         c = _inc(c, (u[k] & _EXP) == _EXP)
@@ -1808,8 +1863,8 @@ def _hist_lo_span(rs, bs, tk, b, h):
     n = rs.shape[0]
     for s in range(0, n, _BLOCK):
         e = min(n, s + _BLOCK)
-        u = ub[:e - s]
-        _tau_bits(rs[s:e], bs[s:e], u)
+        u = _span(ub, 0, e - s)
+        _tau_bits(_span(rs, s, e), _span(bs, s, e), u)
         _drop_taken(u, _part_of(tk, s, e))
         c = np.int32(0)
         for k in range(u.shape[0]):
@@ -1959,7 +2014,7 @@ def _element_spans(p, T, base, raws, total, oraw):
     """Piece p of T of an element-wise loop as spans indexed from 0 (so its loop vectorises): the base's, the
     models' (a tuple), the result's and the output chunk's (None without one)."""
     lo, hi = _piece(base.shape[0], p, T, 4096)
-    return base[lo:hi], _slices(raws, lo, hi), total[lo:hi], _part_of(oraw, lo, hi)
+    return _span(base, lo, hi), _slices(raws, lo, hi), _span(total, lo, hi), _part_of(oraw, lo, hi)
 
 
 @_jit
@@ -2118,11 +2173,11 @@ def _ties_before(base, raws, lo, hi, modes, thrs, alls, band):
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         rs = _slices(raws, s, e)
-        packed = _ties_span(base[s:e], rs, tv)
+        packed = _ties_span(_span(base, s, e), rs, tv)
         for k in range(K):
             if modes[k] == 2 and not alls[k]:
                 out[k] += _unpack(packed, k)
-        _band_before(band, base[s:e], rs, tv2, out2)
+        _band_before(band, _span(base, s, e), rs, tv2, out2)
     return out, out2
 
 
@@ -2199,7 +2254,7 @@ def _kept_bits(tb, L, pt, h4):
     for j in range(L):
         pt[j] = np.uint8(0)
     for k in range(tb.shape[0]):
-        x = tb[k, :L]
+        x = _rowspan(tb, k, 0, L)
         bk = np.uint8(1 << k)
         for j in range(L):
             pt[j] |= bk if x[j] != zero else np.uint8(0)
@@ -2215,9 +2270,9 @@ def _mask_pairs(tb, L, pt, h4, nzm, pairs):
     K = tb.shape[0]
     nb = L // 32
     for a in range(K):
-        ma = nzm[a, :nb]
+        ma = _rowspan(nzm, a, 0, nb)
         for b in range(a, K):
-            mb = nzm[b, :nb]
+            mb = _rowspan(nzm, b, 0, nb)
             c = np.uint32(0)
             for i in range(nb):
                 c = np.uint32(c + _popc(np.uint32(ma[i] & mb[i])))
@@ -2238,13 +2293,13 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
     zero = np.float32(0.0)
     one = np.float32(1.0)
     _kept_bits(tb, L, pt, h4)
-    t = sc[0, :L]
-    x = tb[0, :L]
+    t = _rowspan(sc, 0, 0, L)
+    x = _rowspan(tb, 0, 0, L)
     w0 = np.float32(ws[0]) if weighted else one
     for j in range(L):
         t[j] = x[j] * w0
     for k in range(1, K):
-        x = tb[k, :L]
+        x = _rowspan(tb, k, 0, L)
         wk = np.float32(ws[k]) if weighted else one
         for j in range(L):
             t[j] = t[j] + x[j] * wk
@@ -2257,14 +2312,14 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
             bad = _inc(bad, _bad(v))
             nz = _inc(nz, v != zero)
         return bad, nz
-    acc = sc[1, :L]
-    div = sc[2, :L]
+    acc = _rowspan(sc, 1, 0, L)
+    div = _rowspan(sc, 2, 0, L)
     pz = np.float32(consensus == 2)   # what a sum of 0 elects: 0 (consensus 1, the paper's) or + (2, mergekit's)
     for j in range(L):
         acc[j] = zero
         div[j] = zero
     for k in range(K):
-        x = tb[k, :L]
+        x = _rowspan(tb, k, 0, L)
         wk = np.float32(ws[k]) if weighted else one
         for j in range(L):
             v = x[j] * wk
@@ -2320,27 +2375,27 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         e = min(hi, s + _BLOCK)
         L = e - s
         rs = _slices(raws, s, e)
-        dst = ob[:L] if emit else out[s:e]
+        dst = _span(ob, 0, L) if emit else _span(out, s, e)
         if dare:
-            b, z, _, _, _ = _fused_span(base[s:e], rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus,
-                                        normalize, dst, pat[:L], None, None, None, None, None)
-            _count_bytes(pat[:L], h4)
+            b, z, _, _, _ = _fused_span(_span(base, s, e), rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus,
+                                        normalize, dst, _span(pat, 0, L), None, None, None, None, None)
+            _count_bytes(_span(pat, 0, L), h4)
         elif not (_quota_ends(modes, alls, lefts, seen, L) or _band_ends(band, seen2, L)):
             for k in range(K):  # every tie kept (seen + L <= left) or none (seen >= left): counted as it goes
                 tf[k] = modes[k] == 2 and (alls[k] or seen[k] + L <= lefts[k])
             _band_flags(band, seen2, L, tf2)
-            b, z, packed, packed2, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize,
-                                                   dst, pat[:L], tv2, tf2, None, None, None)
+            b, z, packed, packed2, _ = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize,
+                                                   dst, _span(pat, 0, L), tv2, tf2, None, None, None)
             _add_ties(modes, packed, seen)
             _band_add(band, packed2, seen2)
-            _count_bytes(pat[:L], h4)
+            _count_bytes(_span(pat, 0, L), h4)
         else:
             b, z = _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted,
                                   consensus, normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2)
         bad += b
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+            bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
     return bad, nz, bo
 
 
@@ -2371,27 +2426,27 @@ def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf,
     goes model by model (each tau pruned in a scratch row by its TopK, then combined), else the fused loop with
     each model keeping all or none of its ties. Returns (non-finite flag, nonzeros)."""
     L = e - s
-    packed = _ties_span(base[s:e], rs, tv)
+    packed = _ties_span(_span(base, s, e), rs, tv)
     split = False
     for k in range(len(modes)):
         if modes[k] == 2:
             c = _unpack(packed, k)
             tf[k] = alls[k] or seen[k] + c <= lefts[k]
             split |= not (tf[k] or seen[k] >= lefts[k])
-    split2, packed2 = _band_counted(band, base[s:e], rs, tv2, tf2, seen2)
+    split2, packed2 = _band_counted(band, _span(base, s, e), rs, tv2, tf2, seen2)
     if split or split2:
         bad = 0
         for k in range(len(modes)):
-            x = tb[k, :L]
-            bad += _tau_block(raws[k][s:e], base[s:e], x)
+            x = _rowspan(tb, k, 0, L)
+            bad += _tau_block(_span(raws[k], s, e), _span(base, s, e), x)
             _prune_model(x, k, modes, thrs, alls, lefts, seen, band, seen2)
-        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, dst, pat[:L], h4, scr)
+        b, z = _combine_block(tb, L, ws, weighted, consensus, normalize, dst, _span(pat, 0, L), h4, scr)
         return bad + b, z
     _add_ties(modes, packed, seen)
     _band_add(band, packed2, seen2)
-    b, z, _, _, _ = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pat[:L], tv2,
-                                tf2, None, None, None)
-    _count_bytes(pat[:L], h4)
+    b, z, _, _, _ = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize, dst,
+                                _span(pat, 0, L), tv2, tf2, None, None, None)
+    _count_bytes(_span(pat, 0, L), h4)
     return b, z
 
 
@@ -2525,7 +2580,8 @@ def _slices(raws, lo, hi):
 
 @overload(_slices)
 def _slices_impl(raws, lo, hi):
-    return _defined("def f(raws, lo, hi):\n    return (" + "".join(f"raws[{k}][lo:hi], " for k in range(len(raws)))
+    return _defined("def f(raws, lo, hi):\n    return ("
+                    + "".join(f"_span(raws[{k}], lo, hi), " for k in range(len(raws)))
                     + ")\n")
 
 
@@ -2536,7 +2592,7 @@ def _rows(masks, raws, lo, hi):
 @overload(_rows)
 def _rows_impl(masks, raws, lo, hi):
     return _defined("def f(masks, raws, lo, hi):\n    return ("
-                    + "".join(f"masks[{k}, lo:hi], " for k in range(len(raws))) + ")\n")
+                    + "".join(f"_rowspan(masks, {k}, lo, hi), " for k in range(len(raws))) + ")\n")
 
 
 def _defined(src: str):
@@ -2965,19 +3021,19 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         e = min(hi, s + _BLOCK)
         L = e - s
         rs = _slices(raws, s, e)
-        dst = ob[:L] if emit else out[s:e]
-        wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, pp[:L])
-        b, z, _, packed2, c = _fused_span(base[s:e], rs, None, tv, tf, dv, wv, consensus, normalize, dst, pt[:L],
-                                          tv2, tf2, wl, ww, pw)
+        dst = _span(ob, 0, L) if emit else _span(out, s, e)
+        wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, _span(pp, 0, L))
+        b, z, _, packed2, c = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize, dst,
+                                          _span(pt, 0, L), tv2, tf2, wl, ww, pw)
         _above(tv2, packed2, ab)
-        _count_bytes(pt[:L], h4)
+        _count_bytes(_span(pt, 0, L), h4)
         bad += b
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+            bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
         if c == 0:
             continue
-        m = _store_marked(pp[:L], idx, s, base, rs, pos, pat, vals, m, cap)  # the positions in a window
+        m = _store_marked(_span(pp, 0, L), idx, s, base, rs, pos, pat, vals, m, cap)  # the positions in a window
         if m < 0:
             return bad, nz, bo, -1
     return bad, nz, bo, m
@@ -3149,7 +3205,7 @@ def _select_piece(k, T, phase, vals, pat, starts, ends, los, wds, ks, above, thr
         bs = vals[0, starts[p]:ends[p]]
         ps = pat[starts[p]:ends[p]]
         for s in range(0, ps.shape[0], _BLOCK):
-            c = _list_marked(ps[s:min(ps.shape[0], s + _BLOCK)], bit, idx)
+            c = _list_marked(_span(ps, s, min(ps.shape[0], s + _BLOCK)), bit, idx)
             if not band:
                 for i in range(c):
                     e = s + idx[i]
@@ -3157,8 +3213,8 @@ def _select_piece(k, T, phase, vals, pat, starts, ends, los, wds, ks, above, thr
                     if d < wd:
                         h[d] += 1
                 continue
-            xb = xs[s:]
-            bb = bs[s:]
+            xb = _span(xs, s, xs.shape[0])
+            bb = _span(bs, s, bs.shape[0])
             for i in range(c):  # the bits first: vectorised
                 e = idx[i]
                 ub[i] = _f32_as_u32(abs(as_f32(xb, e) - as_f32(bb, e)))
@@ -3243,25 +3299,27 @@ def _fix_piece(p, T, phase, vals, pos, starts, ends, his, tops, tv, alls, lefts,
     o = np.empty(_BLOCK, np.float32)
     scr = np.empty((3, _BLOCK), np.float32)
     pt = np.empty(_BLOCK, np.uint8)
+    mp, pp = minus[4 * p:4 * p + 4], plus[4 * p:4 * p + 4]  # the piece's rows, taken once
     for s in range(starts[p], ends[p], _BLOCK):
         L = min(ends[p], s + _BLOCK) - s
         _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
         if thr2 is not None:
             _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2, ch)
-        _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, minus[4 * p:4 * p + 4], scr)
-        b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, plus[4 * p:4 * p + 4], scr)
+        _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, mp, scr)
+        b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, pp, scr)
         res[p, 0] += b2
         res[p, 1] += z2 - z1
-        res[p, 2] = max(res[p, 2], _entry_store(vals[0, s:s + L], pos[s:s + L], o, ch, out, oraw, sc, emit))
+        res[p, 2] = max(res[p, 2], _entry_store(_rowspan(vals, 0, s, s + L), _span(pos, s, s + L), o, ch, out, oraw,
+                                                sc, emit))
 
 
 @_jit
 def _entry_ties(vals, a, b, tv, alls, out):
     """out[k] = the entries [a, b) whose |tau| of model k equals tv[k], for the models that keep some ties only."""
-    bs = vals[0, a:b]
+    bs = _rowspan(vals, 0, a, b)
     for k in range(tv.shape[0]):
         if not alls[k]:
-            xs = vals[1 + k, a:b]
+            xs = _rowspan(vals, 1 + k, a, b)
             t = tv[k]
             c = np.int32(0)
             for i in range(b - a):  # over slices from 0: vectorised (a range(a, b) over the rows was not)
@@ -3276,11 +3334,11 @@ def _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch):
     seen[k]; seen advances), ch[i] whether a model's choice changed (Breadcrumbs' top is taken out of tb2 after:
     ch stays set where only it undoes a change, and the position is merely written again)."""
     zero = np.float32(0.0)
-    bs = vals[0, s:s + L]
+    bs = _rowspan(vals, 0, s, s + L)
     for i in range(L):
         ch[i] = np.uint8(0)
     for k in range(his.shape[0]):
-        xs = vals[1 + k, s:s + L]
+        xs = _rowspan(vals, 1 + k, s, s + L)
         h = his[k]
         top = tops[k]
         t = tv[k]
@@ -3307,9 +3365,9 @@ def _entry_top(vals, s, L, tv2, alls2, lefts2, seen2, tb2, ch):
     alls2[k], else the first lefts2[k] - seen2[k]; seen2 advances). ch (_entry_rows' changed marks) is left as
     it is."""
     zero = np.float32(0.0)
-    bs = vals[0, s:s + L]
+    bs = _rowspan(vals, 0, s, s + L)
     for k in range(tv2.shape[0]):
-        xs = vals[1 + k, s:s + L]
+        xs = _rowspan(vals, 1 + k, s, s + L)
         t = tv2[k]
         al = alls2[k]
         nt = 0
@@ -3461,21 +3519,22 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
     for s in range(lo, hi, sb):
         e = min(hi, s + sb)
         L = e - s
-        tk = taken[:L]
+        tk = _span(taken, 0, L)
         if use_taken:
             for j in range(L):
                 tk[j] = False
         for k in range(K):
-            x = tb[k, :L]
-            bad += _tau_block(raws[k][s:e], base[s:e], x)
-            short[k] += _nm_blocks_of(net, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys, nzm[k])
+            x = _rowspan(tb, k, 0, L)
+            bad += _tau_block(_span(raws[k], s, e), _span(base, s, e), x)
+            short[k] += _nm_blocks_of(net, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys,
+                                      _rowspan(nzm, k, 0, nzm.shape[1]))
         _nm_kept_of(net, tb, L, pat, h4, nzm, pairs)
-        o = ob[:L] if emit else out[s:e]
+        o = _span(ob, 0, L) if emit else _span(out, s, e)
         first = True
         for k in range(K):
             if ws[k] == 0.0:
                 continue
-            x = tb[k, :L]
+            x = _rowspan(tb, k, 0, L)
             wk = np.float32(ws[k]) if weighted else one
             if first:
                 for j in range(L):
@@ -3491,7 +3550,7 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
             nz = _inc(nz, v != zero)
         bad += c
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], o, sc)
+            bo += _emit_span(_span(oraw, s, e), _span(base, s, e), o, sc)
     return bad, nz, bo
 
 
@@ -3521,18 +3580,19 @@ def _ca_piece(p, T, phase, base, raws, tf, wf, out, oraw, sc, emit, h4, res):
     lo, hi = _piece(base.shape[0], p, T, _BLOCK)
     pat = np.empty(_BLOCK, np.uint8)
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
+    hp = h4[4 * p:4 * p + 4]  # the piece's rows, taken once
     bad = np.uint32(0)
     nz = 0
     bo = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
-        dst = ob[:e - s] if emit else out[s:e]
-        b, z = _ca_span(base[s:e], _slices(raws, s, e), tf, wf, dst, pat[:e - s])
-        _count_bytes(pat[:e - s], h4[4 * p:4 * p + 4])
+        dst = _span(ob, 0, e - s) if emit else _span(out, s, e)
+        b, z = _ca_span(_span(base, s, e), _slices(raws, s, e), tf, wf, dst, _span(pat, 0, e - s))
+        _count_bytes(_span(pat, 0, e - s), hp)
         bad = max(bad, b)
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+            bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
     res[p, 0] = bad
     res[p, 1] = nz
     res[p, 2] = bo
@@ -3656,11 +3716,11 @@ def _ca_scan_piece(p, T, phase, base, raws, his, los, wds, pat, vals, cap, ab, r
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         rs = _slices(raws, s, e)
-        c, b = _ca_scan_span(base[s:e], rs, his, los, wds, pp[:e - s], ab[p])
+        c, b = _ca_scan_span(_span(base, s, e), rs, his, los, wds, _span(pp, 0, e - s), ab[p])
         bad += b
         if c == 0:
             continue
-        m = _store_marked(pp[:e - s], idx, s, base, rs, None, pat, vals, m, end)
+        m = _store_marked(_span(pp, 0, e - s), idx, s, base, rs, None, pat, vals, m, end)
         if m < 0:
             break
     res[p, 0] = bad
@@ -3813,6 +3873,7 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
     pt = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)
+    hp = h4[4 * p:4 * p + 4]  # the piece's rows, taken once
     bad = np.uint32(0)
     nz = 0
     bo = 0
@@ -3820,16 +3881,16 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
         e = min(hi, s + _BLOCK)
         L = e - s
         rs = _slices(raws, s, e)
-        dst = ob[:L] if emit else out[s:e]
-        c, b, z = _ca_merge_span(base[s:e], rs, his, los, wds, wf, dst, pt[:L], pp[:L], ab[p])
-        _count_bytes(pt[:L], h4[4 * p:4 * p + 4])
+        dst = _span(ob, 0, L) if emit else _span(out, s, e)
+        c, b, z = _ca_merge_span(_span(base, s, e), rs, his, los, wds, wf, dst, _span(pt, 0, L), _span(pp, 0, L), ab[p])
+        _count_bytes(_span(pt, 0, L), hp)
         bad = max(bad, b)
         nz += z
         if emit:
-            bo += _emit_span(oraw[s:e], base[s:e], dst, sc)
+            bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
         if c == 0:
             continue
-        m = _store_marked(pp[:L], idx, s, base, rs, pos, pat, vals, m, end)
+        m = _store_marked(_span(pp, 0, L), idx, s, base, rs, pos, pat, vals, m, end)
         if m < 0:
             break
     res[p, 0] = bad
@@ -3872,17 +3933,19 @@ def _ca_fix_piece(i, T, phase, b0, rows, pos, first, ends, tf, wf, out, oraw, sc
     o = np.empty(_BLOCK, np.float32)
     pt = np.empty(_BLOCK, np.uint8)
     ch = np.ones(_BLOCK, np.uint8)
+    hp = h4[4 * i:4 * i + 4]  # the region's rows, taken once
     bad = np.uint32(0)
     nz = 0
     bo = 0
     for s in range(first[i], ends[i], _BLOCK):
         e = min(ends[i], s + _BLOCK)
         L = e - s
-        b, z = _ca_span(b0[s:e], _slices(rows, s, e), tf, wf, o[:L], pt[:L])
-        _count_bytes(pt[:L], h4[4 * i:4 * i + 4])
+        b, z = _ca_span(_span(b0, s, e), _slices(rows, s, e), tf, wf, _span(o, 0, L), _span(pt, 0, L))
+        _count_bytes(_span(pt, 0, L), hp)
         bad = max(bad, b)
         nz += z
-        bo = max(bo, _entry_store(b0[s:e], pos[s:e], o[:L], ch[:L], out, oraw, sc, emit))
+        bo = max(bo, _entry_store(_span(b0, s, e), _span(pos, s, e), _span(o, 0, L), _span(ch, 0, L), out, oraw, sc,
+                                  emit))
     res[i, 0] = bad
     res[i, 1] = nz
     res[i, 2] = bo
