@@ -1900,7 +1900,8 @@ def test_ties_span_counts_each_of_eight_models_apart():
 def test_borrowed_spans_view_their_parent_without_a_reference():
     """_span / _rowspan: a[lo:hi] and a[k, lo:hi] of contiguous arrays as views (same elements, writes reach the
     parent) whose meminfo is null, so the loops' spans run no atomic reference count; a plain slice shares its
-    parent's meminfo (what the probe sees), and arrays that are not contiguous take the plain slice."""
+    parent's meminfo (what the probe sees), and arrays that are not contiguous take the plain slice. _unref: a
+    whole array (any layout) or a tuple's arrays borrowed the same way, None as it is."""
     from llvmlite import ir
     from numba import njit, types
     from numba.extending import intrinsic
@@ -1930,6 +1931,17 @@ def test_borrowed_spans_view_their_parent_without_a_reference():
     assert x[2] == 7.0 and m[1, 2] == 9.0
     assert v.tolist() == [7.0, 3.0, 4.0] and r.tolist() == [5.0, 9.0]
     assert sv.tolist() == x[::2][1:3].tolist() and sr.tolist() == m.T[0, 1:3].tolist()
+
+    @njit
+    def whole(m, t, s):  # _unref: the same views (any layout; each array of a tuple), a null meminfo; None as is
+        a, b = km._unref(m.T), km._unref(t)
+        a[0, 1] = -1.0
+        return (meminfo_of(a), meminfo_of(b[0]), meminfo_of(b[1]), km._unref(s) is None, a.strides[0] == m.strides[1]),\
+            a.copy(), b[1].copy()
+
+    (ma, mb0, mb1, none_kept, strides_kept), a, b1 = whole(m, (x, m), None)
+    assert ma == mb0 == mb1 == 0 and none_kept and strides_kept
+    assert m[1, 0] == -1.0 and a.tolist() == m.T.tolist() and b1.tolist() == m.tolist()
 
 
 def test_pieces_stay_below_2_30_elements_so_their_counts_fit_32_bits():

@@ -580,7 +580,7 @@ def _count_bytes(bs, h4):
     for j in range(n8 * 8, bs.shape[0]):
         o |= np.uint64(bs[j])
     if o & np.uint64(0xF0F0F0F0F0F0F0F0) == 0:
-        _count_nibbles(bs, w, h4[0])
+        _count_nibbles(bs, w, _rowspan(h4, 0, 0, h4.shape[1]))
         return
     n4 = bs.shape[0] // 4 * 4
     for j in range(0, n4, 4):
@@ -604,7 +604,7 @@ def _count_nibbles(bs, w, h):
     words, summed per byte lane for at most 255 words, then across the lanes: vectorised); the exact counts
     follow from those by inclusion-exclusion (subtracting, bit by bit, the counts of the sets with that bit)."""
     n8 = w.shape[0]
-    sup = np.zeros(16, np.int64)
+    sup = _stack16()  # per call: no allocation (np.zeros: malloc, free and NRT's count per span)
     for q0 in range(0, n8, 255):
         ws = _span(w, q0, min(n8, q0 + 255))
         c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = c12 = c13 = c14 = c15 = np.uint64(0)
@@ -1049,6 +1049,63 @@ def _rowspan_impl(a, k, lo, hi):
     if isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C":
         return lambda a, k, lo, hi: _borrow(a, k, lo, hi)
     return lambda a, k, lo, hi: a[k, lo:hi]
+
+
+@intrinsic
+def _stack16(typingctx):
+    """16 zeroed int64 in the calling function's stack frame, as an array whose meminfo is null: valid until
+    that function returns (never returned or stored), where np.zeros would cost a malloc, a free and NRT's
+    counts on every call."""
+    row = types.Array(types.int64, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        from llvmlite import ir
+        from numba.core import cgutils
+        from numba.np.arrayobj import populate_array
+
+        i64 = ir.IntType(64)
+        buf = cgutils.alloca_once(builder, ir.ArrayType(i64, 16))
+        builder.store(ir.Constant(ir.ArrayType(i64, 16), [0] * 16), buf)
+        out = context.make_array(row)(context, builder)
+        data = builder.bitcast(buf, context.get_data_type(types.int64).as_pointer())
+        populate_array(out, data=data, shape=[context.get_constant(types.intp, 16)],
+                       strides=[context.get_constant(types.intp, 8)], itemsize=8, meminfo=None)
+        return out._getvalue()
+    return row(), codegen
+
+
+def _unref(a):
+    """a as borrowed: an array (or each array of a tuple) as the same view with a null meminfo (:func:`_borrowed`);
+    anything else as it is. A jitted function that is not inlined counts each array argument on entry and again
+    on exit (NRT's locked add, see :func:`_borrow`), so the loops' per-span calls count every array they pass:
+    the pieces borrow their arguments on entry (the caller, in Python, holds them) and pass their own scratch rows
+    borrowed where the row stays alive across the loop (a local used on every pass: never released inside it)."""
+
+
+@overload(_unref)
+def _unref_impl(a):
+    if isinstance(a, types.Array):
+        return lambda a: _borrowed(a)
+    if isinstance(a, types.BaseTuple) and len(a) and all(isinstance(t, types.Array) for t in a):
+        return _defined("def f(a):\n    return (" + "".join(f"_borrowed(a[{k}]), " for k in range(len(a))) + ")\n")
+    return lambda a: a
+
+
+@intrinsic
+def _borrowed(typingctx, a):
+    """The array a (any layout) as a view of the same elements whose meminfo is null (see :func:`_unref`)."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        from numba.np.arrayobj import populate_array
+
+        src = context.make_array(a)(context, builder, args[0])
+        out = context.make_array(a)(context, builder)
+        populate_array(out, data=src.data, shape=src.shape, strides=src.strides, itemsize=src.itemsize,
+                       meminfo=None)
+        return out._getvalue()
+    return a(a), codegen
 
 
 @intrinsic
@@ -1627,6 +1684,8 @@ def hist_hi_tau(raw, base, counts, taken):
 @_jit
 def _hist_hi_piece(p, T, phase, raw, base, taken, part, bads):
     """Piece p of T of hist_hi_tau (serial, run by _run_pieces)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    raw, base, taken, part, bads = _unref(raw), _unref(base), _unref(taken), _unref(part), _unref(bads)
     lo, hi = _piece(raw.shape[0], p, T, 1)
     bads[p] = _hist_hi_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), part[p])
 
@@ -1641,6 +1700,8 @@ def hist_lo_tau(raw, base, bucket, counts, taken):
 @_jit
 def _hist_lo_piece(p, T, phase, raw, base, taken, bucket, part):
     """Piece p of T of hist_lo_tau (serial, run by _run_pieces)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    raw, base, taken, part = _unref(raw), _unref(base), _unref(taken), _unref(part)
     lo, hi = _piece(raw.shape[0], p, T, 1)
     _hist_lo_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), bucket, part[p])
 
@@ -1668,6 +1729,8 @@ def _sample_piece(k, T, phase, base, raws, starts, width, us, counts):
     scratch run), and, with `counts` (None: not counted), counts[k] = the histogram of their high 16 bits. Serial,
     run by _run_pieces (a model per piece: the runs lie all over the inputs). Each run's bits by the loop over
     slices (vectorised: _tau_bits), then their sign dropped."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, starts = _unref(base), _unref(raws), _unref(starts)
     r = raws[k]
     ub = np.empty(width, np.uint32)
     if counts is not None:
@@ -1677,7 +1740,7 @@ def _sample_piece(k, T, phase, base, raws, starts, width, us, counts):
     for i in range(starts.shape[0]):
         a = starts[i]
         if us is None:
-            u = ub
+            u = _unref(ub)
         else:
             u = _rowspan(us, k, i * width, (i + 1) * width)
         _tau_bits(_span(r, a, a + width), _span(base, a, a + width), u)
@@ -1712,6 +1775,8 @@ def hist_tau_windows(raw, base, counts, taken, s0, w0, s1, w1, lo_counts, thread
 @_jit
 def _hist_windows_piece(p, T, phase, raw, base, taken, part, bads, NB, s0, w0, s1, w1):
     """Piece p of T of hist_tau_windows (serial, run by _run_pieces)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    raw, base, taken, part, bads = _unref(raw), _unref(base), _unref(taken), _unref(part), _unref(bads)
     lo, hi = _piece(raw.shape[0], p, T, 1)
     bads[p] = _hist_windows_span(_span(raw, lo, hi), _span(base, lo, hi), _part_of(taken, lo, hi), part[p], NB, s0,
                                  w0, s1, w1)
@@ -1739,6 +1804,8 @@ def mark_above_tau(raw, base, thr, taken):
 @_jit
 def _mark_piece(p, T, phase, raw, base, t, taken):
     """Piece p of T of mark_above_tau (pieces, not `prange`: see _pjit)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    raw, base, taken = _unref(raw), _unref(base), _unref(taken)
     lo, hi = _piece(raw.shape[0], p, T, 1)
     _mark_span(_span(raw, lo, hi), _span(base, lo, hi), t, _span(taken, lo, hi))
 
@@ -2758,6 +2825,11 @@ def _models_piece(p, T, phase, base, raws, dare, modes, thrs, alls, lefts, masks
     """Piece p of T of _merge_models (serial: run by :func:`_run_pieces`). Phase 0: the ties before it, into
     before[p + 1] and before2[p + 1]; phase 1: _merge_piece from its ties before (seen[p] = before[p]), its
     (non-finite flag, nonzeros, non-finite output flag) into res[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, modes, alls, lefts = _unref(base), _unref(raws), _unref(modes), _unref(alls), _unref(lefts)
+    masks, ds, ws, out, oraw, sc = _unref(masks), _unref(ds), _unref(ws), _unref(out), _unref(oraw), _unref(sc)
+    band, before, before2, seen, seen2 = _unref(band), _unref(before), _unref(before2), _unref(seen), _unref(seen2)
+    h4, res = _unref(h4), _unref(res)
     K = len(raws)
     lo, hi = _piece(base.shape[0], p, T, 4096)
     if phase == 0:
@@ -3014,6 +3086,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     pp = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
+    wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, pp)  # once: a tuple of arrays made per block counts them
     bad = 0
     nz = 0
     bo = 0
@@ -3022,7 +3095,6 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         L = e - s
         rs = _slices(raws, s, e)
         dst = _span(ob, 0, L) if emit else _span(out, s, e)
-        wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, _span(pp, 0, L))
         b, z, _, packed2, c = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize, dst,
                                           _span(pt, 0, L), tv2, tf2, wl, ww, pw)
         _above(tv2, packed2, ab)
@@ -3033,7 +3105,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
             bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
         if c == 0:
             continue
-        m = _store_marked(_span(pp, 0, L), idx, s, base, rs, pos, pat, vals, m, cap)  # the positions in a window
+        m = _store_marked(_span(pp, 0, L), _unref(idx), s, base, rs, pos, pat, vals, m, cap)  # those in a window
         if m < 0:
             return bad, nz, bo, -1
     return bad, nz, bo, m
@@ -3103,9 +3175,9 @@ def _store_packed(pp, idx, s, base, rs, pos, pat, vals, m, end):
         if pos is not None:
             _iota64(s + 64 * i, mm, pos, m)
         _packed64(pp, 64 * i, mm, pat, m)
-        _packed64(base, s + 64 * i, mm, vals[0], m)
+        _packed64(base, s + 64 * i, mm, _rowspan(vals, 0, 0, vals.shape[1]), m)
         for k in range(len(rs)):
-            _packed64(rs[k], 64 * i, mm, vals[1 + k], m)
+            _packed64(rs[k], 64 * i, mm, _rowspan(vals, 1 + k, 0, vals.shape[1]), m)
         m += _popc(mm)
     return _store_one_by_one(pp, 64 * n64, pp.shape[0], s, base, rs, pos, pat, vals, m, end)
 
@@ -3151,6 +3223,11 @@ def _deferred_piece_of(p, T, phase, base, raws, tv, tf, dv, wv, consensus, norma
     """Piece p of T of topk_merge_deferred (serial, run by _run_pieces): _deferred_piece over its elements into its
     share of the entries, its (non-finite flag, nonzeros, non-finite output flag, end of its entries) into
     res[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, tv, tf, dv, wv = _unref(base), _unref(raws), _unref(tv), _unref(tf), _unref(dv), _unref(wv)
+    out, h4, oraw, sc, los, wds = _unref(out), _unref(h4), _unref(oraw), _unref(sc), _unref(los), _unref(wds)
+    los2, wds2, his2, ab, tv2, tf2 = _unref(los2), _unref(wds2), _unref(his2), _unref(ab), _unref(tv2), _unref(tf2)
+    pos, pat, vals, res = _unref(pos), _unref(pat), _unref(vals), _unref(res)
     lo, hi = _piece(base.shape[0], p, T, 4096)
     b, z, bo, m = _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4[4 * p:4 * p + 4],
                                   oraw, sc, emit, los, wds, los2, wds2, his2, ab[p], tv2, tf2, pos, pat, vals,
@@ -3186,6 +3263,10 @@ def _select_piece(k, T, phase, vals, pat, starts, ends, los, wds, ks, above, thr
     With a band (Breadcrumbs: two windows per model) the listed entries' |tau| bits are read first in a loop of
     their own, which vectorises, then counted: on the benchmark's largest tensor (3.47M entries, 2 threads)
     10.3-10.6 -> 8.0-8.3 ms; with one window (magnitude, TIES) that split was slower (5.4-6.1 -> 6.2-6.6 ms)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    vals, pat, starts, ends, los = _unref(vals), _unref(pat), _unref(starts), _unref(ends), _unref(los)
+    wds, ks, above, thr, gt, eq = _unref(wds), _unref(ks), _unref(above), _unref(thr), _unref(gt), _unref(eq)
+    found = _unref(found)
     J = los.shape[0]
     K = T
     band = J > K
@@ -3201,11 +3282,11 @@ def _select_piece(k, T, phase, vals, pat, starts, ends, los, wds, ks, above, thr
     idx = np.empty(_BLOCK, np.int32)
     ub = np.empty(_BLOCK, np.uint32)
     for p in range(starts.shape[0]):
-        xs = vals[1 + k, starts[p]:ends[p]]
-        bs = vals[0, starts[p]:ends[p]]
-        ps = pat[starts[p]:ends[p]]
+        xs = _rowspan(vals, 1 + k, starts[p], ends[p])
+        bs = _rowspan(vals, 0, starts[p], ends[p])
+        ps = _span(pat, starts[p], ends[p])
         for s in range(0, ps.shape[0], _BLOCK):
-            c = _list_marked(_span(ps, s, min(ps.shape[0], s + _BLOCK)), bit, idx)
+            c = _list_marked(_span(ps, s, min(ps.shape[0], s + _BLOCK)), bit, _unref(idx))
             if not band:
                 for i in range(c):
                     e = s + idx[i]
@@ -3285,6 +3366,11 @@ def _fix_piece(p, T, phase, vals, pos, starts, ends, his, tops, tv, alls, lefts,
     """Piece p of T of deferred_fix (serial, run by _run_pieces). Phase 0: its ties into before[p + 1] (and
     before2[p + 1]); phase 1: its blocks merged again from the ties before it, its (non-finite flag, nonzeros
     gained, non-finite output flag) into res[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    vals, pos, starts, ends, his = _unref(vals), _unref(pos), _unref(starts), _unref(ends), _unref(his)
+    tops, tv, alls, lefts, tv2 = _unref(tops), _unref(tv), _unref(alls), _unref(lefts), _unref(tv2)
+    al2, lefts2, ws, out, oraw, sc = _unref(al2), _unref(lefts2), _unref(ws), _unref(out), _unref(oraw), _unref(sc)
+    before, before2, minus, plus, res = _unref(before), _unref(before2), _unref(minus), _unref(plus), _unref(res)
     K = his.shape[0]
     if phase == 0:
         _entry_ties(vals, starts[p], ends[p], tv, alls, before[p + 1])
@@ -3302,15 +3388,17 @@ def _fix_piece(p, T, phase, vals, pos, starts, ends, his, tops, tv, alls, lefts,
     mp, pp = minus[4 * p:4 * p + 4], plus[4 * p:4 * p + 4]  # the piece's rows, taken once
     for s in range(starts[p], ends[p], _BLOCK):
         L = min(ends[p], s + _BLOCK) - s
-        _entry_rows(vals, s, L, his, tops, tv, alls, lefts, seen, tb, tb2, ch)
+        _entry_rows(vals, s, L, his, tops, tv, alls, lefts, _unref(seen), _unref(tb), _unref(tb2), _unref(ch))
         if thr2 is not None:
-            _entry_top(vals, s, L, tv2, al2, lefts2, seen2, tb2, ch)
-        _, z1 = _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, mp, scr)
-        b2, z2 = _combine_block(tb2, L, ws, weighted, consensus, normalize, o, pt, pp, scr)
+            _entry_top(vals, s, L, tv2, al2, lefts2, _unref(seen2), _unref(tb2), _unref(ch))
+        _, z1 = _combine_block(_unref(tb), L, ws, weighted, consensus, normalize, _unref(o), _unref(pt), mp,
+                               _unref(scr))
+        b2, z2 = _combine_block(_unref(tb2), L, ws, weighted, consensus, normalize, _unref(o), _unref(pt), pp,
+                                _unref(scr))
         res[p, 0] += b2
         res[p, 1] += z2 - z1
-        res[p, 2] = max(res[p, 2], _entry_store(_rowspan(vals, 0, s, s + L), _span(pos, s, s + L), o, ch, out, oraw,
-                                                sc, emit))
+        res[p, 2] = max(res[p, 2], _entry_store(_rowspan(vals, 0, s, s + L), _span(pos, s, s + L), _unref(o),
+                                                _unref(ch), out, oraw, sc, emit))
 
 
 @_jit
@@ -3444,6 +3532,8 @@ def dare_masks(mts, poss, thrs, masks):
 @_jit
 def _mask_piece(k, T, phase, mts, poss, thrs, masks):
     """Model k's mask of dare_masks."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    mts, poss, masks = _unref(mts), _unref(poss), _unref(masks)
     if thrs[k] >= 0:
         _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
 
@@ -3491,6 +3581,10 @@ def _nm_piece(p, T, phase, base, raws, K, align, sb, ns, ms, use_taken, pad_tail
               shorts, h4, pairs, res, net):
     """Piece p of T of nm_merge_raw (serial, run by _run_pieces): its (non-finite flag, nonzeros, non-finite
     output flag) into res[p], its short blocks into shorts[p], its kept pairs into h4's rows or pairs[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, ns, ms, ws, out = _unref(base), _unref(raws), _unref(ns), _unref(ms), _unref(ws), _unref(out)
+    oraw, sc, shorts, h4, pairs = _unref(oraw), _unref(sc), _unref(shorts), _unref(h4), _unref(pairs)
+    res = _unref(res)
     lo, hi = _piece(base.shape[0], p, T, align)
     b, z, bo = _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc,
                                emit, shorts[p], h4[4 * p:4 * p + 4], pairs[p], net)
@@ -3526,9 +3620,9 @@ def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, 
         for k in range(K):
             x = _rowspan(tb, k, 0, L)
             bad += _tau_block(_span(raws[k], s, e), _span(base, s, e), x)
-            short[k] += _nm_blocks_of(net, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, keys,
+            short[k] += _nm_blocks_of(net, x, 0, L, ns[k], ms[k], tk, use_taken, pad_tail, _unref(keys),
                                       _rowspan(nzm, k, 0, nzm.shape[1]))
-        _nm_kept_of(net, tb, L, pat, h4, nzm, pairs)
+        _nm_kept_of(net, _unref(tb), L, _unref(pat), h4, _unref(nzm), pairs)  # scratch rows borrowed (_unref)
         o = _span(ob, 0, L) if emit else _span(out, s, e)
         first = True
         for k in range(K):
@@ -3577,6 +3671,9 @@ def ca_merge_raw(base, raws, tv, ws, out, oraw, sc, emit):
 def _ca_piece(p, T, phase, base, raws, tf, wf, out, oraw, sc, emit, h4, res):
     """Piece p of T of ca_merge_raw (serial, run by _run_pieces): its (non-finite flag, nonzeros, non-finite output
     flag) into res[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, tf, wf, out, oraw = _unref(base), _unref(raws), _unref(tf), _unref(wf), _unref(out), _unref(oraw)
+    sc, h4, res = _unref(sc), _unref(h4), _unref(res)
     lo, hi = _piece(base.shape[0], p, T, _BLOCK)
     pat = np.empty(_BLOCK, np.uint8)
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
@@ -3707,20 +3804,24 @@ def ca_scan(base, raws, his, los, wds, pat, vals, done=None):
 def _ca_scan_piece(p, T, phase, base, raws, his, los, wds, pat, vals, cap, ab, res):
     """Piece p of T of ca_scan (serial, run by _run_pieces): (non-finite count, end of its entries or -1) into
     res[p], its counts above the windows into ab[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, his, los, wds, pat = _unref(base), _unref(raws), _unref(his), _unref(los), _unref(wds), _unref(pat)
+    vals, ab, res = _unref(vals), _unref(ab), _unref(res)
     lo, hi = _piece(base.shape[0], p, T, _BLOCK)
     m = cap * p // T
     end = cap * (p + 1) // T
     pp = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
+    abp = ab[p]  # the piece's row, taken once
     bad = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         rs = _slices(raws, s, e)
-        c, b = _ca_scan_span(_span(base, s, e), rs, his, los, wds, _span(pp, 0, e - s), ab[p])
+        c, b = _ca_scan_span(_span(base, s, e), rs, his, los, wds, _span(pp, 0, e - s), abp)
         bad += b
         if c == 0:
             continue
-        m = _store_marked(_span(pp, 0, e - s), idx, s, base, rs, None, pat, vals, m, end)
+        m = _store_marked(_span(pp, 0, e - s), _unref(idx), s, base, rs, None, pat, vals, m, end)
         if m < 0:
             break
     res[p, 0] = bad
@@ -3795,6 +3896,10 @@ def ca_candidates(vals, pat, first, ends, offs, tk, k, hk, lk, wk, ub, fl, cand,
 @_jit
 def _ca_cand_piece(i, T, phase, vals, pat, first, ends, offs, tk, on, rk, hk, lk, wk, ub, fl, cand, res, on0, t0):
     """Region i of ca_candidates (serial, run by _run_pieces)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    vals, pat, first, ends, offs = _unref(vals), _unref(pat), _unref(first), _unref(ends), _unref(offs)
+    tk, rk, hk, lk, wk, ub, fl = _unref(tk), _unref(rk), _unref(hk), _unref(lk), _unref(wk), _unref(ub), _unref(fl)
+    cand, res = _unref(cand), _unref(res)
     p0, p1, o = first[i], ends[i], offs[i]
     L = p1 - p0
     res[i, 0], res[i, 1] = _ca_cand_span(rk[p0:p1], vals[0][p0:p1], pat[p0:p1], tk[o:o + L], on, hk, lk, wk,
@@ -3866,6 +3971,10 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
                     res):
     """Piece p of T of ca_merge_scan (serial, run by _run_pieces): (non-finite flag, end of its entries or -1,
     nonzeros, non-finite output flag) into res[p], its counts above the windows into ab[p]."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    base, raws, his, los, wds, wf = _unref(base), _unref(raws), _unref(his), _unref(los), _unref(wds), _unref(wf)
+    out, oraw, sc, pos, pat, vals = _unref(out), _unref(oraw), _unref(sc), _unref(pos), _unref(pat), _unref(vals)
+    ab, h4, res = _unref(ab), _unref(h4), _unref(res)
     lo, hi = _piece(base.shape[0], p, T, _BLOCK)
     m = cap * p // T
     end = cap * (p + 1) // T
@@ -3873,7 +3982,7 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
     pt = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)
-    hp = h4[4 * p:4 * p + 4]  # the piece's rows, taken once
+    hp, abp = h4[4 * p:4 * p + 4], ab[p]  # the piece's rows, taken once
     bad = np.uint32(0)
     nz = 0
     bo = 0
@@ -3882,7 +3991,7 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
         L = e - s
         rs = _slices(raws, s, e)
         dst = _span(ob, 0, L) if emit else _span(out, s, e)
-        c, b, z = _ca_merge_span(_span(base, s, e), rs, his, los, wds, wf, dst, _span(pt, 0, L), _span(pp, 0, L), ab[p])
+        c, b, z = _ca_merge_span(_span(base, s, e), rs, his, los, wds, wf, dst, _span(pt, 0, L), _span(pp, 0, L), abp)
         _count_bytes(_span(pt, 0, L), hp)
         bad = max(bad, b)
         nz += z
@@ -3890,7 +3999,7 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
             bo += _emit_span(_span(oraw, s, e), _span(base, s, e), dst, sc)
         if c == 0:
             continue
-        m = _store_marked(_span(pp, 0, L), idx, s, base, rs, pos, pat, vals, m, end)
+        m = _store_marked(_span(pp, 0, L), _unref(idx), s, base, rs, pos, pat, vals, m, end)
         if m < 0:
             break
     res[p, 0] = bad
@@ -3930,6 +4039,9 @@ def ca_fix(vals, rows, pos, first, ends, tv, ws, out, oraw, sc, emit):
 @_jit
 def _ca_fix_piece(i, T, phase, b0, rows, pos, first, ends, tf, wf, out, oraw, sc, emit, h4, res):
     """Region i of ca_fix (serial, run by _run_pieces)."""
+    # the arguments borrowed: the caller holds them (see _unref)
+    b0, rows, pos, first, ends, tf = _unref(b0), _unref(rows), _unref(pos), _unref(first), _unref(ends), _unref(tf)
+    wf, out, oraw, sc, h4, res = _unref(wf), _unref(out), _unref(oraw), _unref(sc), _unref(h4), _unref(res)
     o = np.empty(_BLOCK, np.float32)
     pt = np.empty(_BLOCK, np.uint8)
     ch = np.ones(_BLOCK, np.uint8)
