@@ -1028,8 +1028,9 @@ def _flat_rows(*arrays):
 
 
 def _span(a, lo, hi):
-    """a[lo:hi] of a 1-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. Only where `a`
-    outlives the view (an argument, or a local of the function that uses the view) and 0 <= lo <= hi <= len(a)."""
+    """a[lo:hi] of a 1-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. Only where `a` outlives
+    the view (numba releases a local after its last use): an argument, or a local used after the view's last use
+    or on every pass of the loop the view lives in; and 0 <= lo <= hi <= len(a)."""
 
 
 @overload(_span)
