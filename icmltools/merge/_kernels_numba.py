@@ -1028,27 +1028,27 @@ def _flat_rows(*arrays):
 
 
 def _span(a, lo, hi):
-    """a[lo:hi] of a 1-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. Only where `a` outlives
-    the view (numba releases a local after its last use): an argument, or a local used after the view's last use
-    or on every pass of the loop the view lives in; and 0 <= lo <= hi <= len(a)."""
+    """a[lo:hi] of a 1-D array, a slice of the borrowed view of `a` (:func:`_borrowed`) where `a` is contiguous, so
+    neither making it nor its end runs NRT's count (a plain slice of the others: none in the loops' spans). Only
+    where `a` outlives the view (numba releases a local after its last use): an argument, or a local used after
+    the view's last use or on every pass of the loop the view lives in."""
 
 
 @overload(_span)
 def _span_impl(a, lo, hi):
     if isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C":
-        return lambda a, lo, hi: _borrow(a, 0, lo, hi)
+        return lambda a, lo, hi: _borrowed(a)[lo:hi]
     return lambda a, lo, hi: a[lo:hi]
 
 
 def _rowspan(a, k, lo, hi):
-    """a[k, lo:hi] of a 2-D array; a borrowed view (:func:`_borrow`) where `a` is contiguous. As :func:`_span`:
-    `a` outlives the view, 0 <= k < rows, 0 <= lo <= hi <= cols."""
+    """a[k, lo:hi] of a 2-D array, borrowed as :func:`_span` (where `a` is contiguous), under the same rule."""
 
 
 @overload(_rowspan)
 def _rowspan_impl(a, k, lo, hi):
     if isinstance(a, types.Array) and a.ndim == 2 and a.layout == "C":
-        return lambda a, k, lo, hi: _borrow(a, k, lo, hi)
+        return lambda a, k, lo, hi: _borrowed(a)[k, lo:hi]
     return lambda a, k, lo, hi: a[k, lo:hi]
 
 
@@ -1078,7 +1078,7 @@ def _stack16(typingctx):
 def _unref(a):
     """a as borrowed: an array (or each array of a tuple) as the same view with a null meminfo (:func:`_borrowed`);
     anything else as it is. A jitted function that is not inlined counts each array argument on entry and again
-    on exit (NRT's locked add, see :func:`_borrow`), so the loops' per-span calls count every array they pass:
+    on exit (NRT's locked add, see :func:`_borrowed`), so the loops' per-span calls count every array they pass:
     the pieces borrow their arguments on entry (the caller, in Python, holds them) and pass their own scratch rows
     borrowed where the row stays alive across the loop (a local used on every pass: never released inside it)."""
 
@@ -1094,7 +1094,12 @@ def _unref_impl(a):
 
 @intrinsic
 def _borrowed(typingctx, a):
-    """The array a (any layout) as a view of the same elements whose meminfo is null (see :func:`_unref`)."""
+    """The array a (any layout) as a view of the same elements whose meminfo is null: no reference to `a`'s
+    memory is taken, so neither this view, its slices nor the calls it is passed to run NRT's count. A slice's
+    count is a locked add on the parent's meminfo, and a locked instruction waits until every store before it has
+    drained: in the compiled loops' spans (a few slices and calls per 512-2048 elements) NRT's two counting
+    functions took 15-16 % of CABS' and BS' samples and 6-7 % of TIES' and Breadcrumbs' (perf,
+    docs/merge-engine.md). Only where `a` outlives the view (:func:`_span`, :func:`_unref`)."""
     if not isinstance(a, types.Array):
         return None
 
@@ -1107,36 +1112,6 @@ def _borrowed(typingctx, a):
                        meminfo=None)
         return out._getvalue()
     return a(a), codegen
-
-
-@intrinsic
-def _borrow(typingctx, a, k, lo, hi):
-    """a[lo:hi] (1-D, k unused) or a[k, lo:hi] (2-D) of a contiguous array as a view that takes no reference to
-    `a`'s memory (its meminfo is null), so neither making it nor its end runs NRT's count. A slice's count is a
-    locked add on the parent's meminfo, and a locked instruction waits until every store before it has drained:
-    in the compiled loops' spans (a few slices per 512-2048 elements) NRT's two counting functions took 15-16 %
-    of CABS' and BS' samples and 6-7 % of TIES' and Breadcrumbs' (perf, docs/merge-engine.md). No bounds check
-    (:func:`_span`, :func:`_rowspan`)."""
-    if not (isinstance(a, types.Array) and a.layout == "C" and a.ndim in (1, 2)
-            and all(isinstance(v, types.Integer) for v in (k, lo, hi))):
-        return None
-    view = types.Array(a.dtype, 1, "C", readonly=not a.mutable, aligned=a.aligned)
-
-    def codegen(context, builder, signature, args):
-        from numba.core import cgutils
-        from numba.np.arrayobj import populate_array
-
-        src = context.make_array(signature.args[0])(context, builder, args[0])
-        k_, lo_, hi_ = (context.cast(builder, v, t, types.intp) for v, t in zip(args[1:], signature.args[1:]))
-        start = lo_
-        if a.ndim == 2:
-            start = builder.add(builder.mul(k_, cgutils.unpack_tuple(builder, src.shape, 2)[1]), lo_)
-        out = context.make_array(view)(context, builder)
-        itemsize = context.get_abi_sizeof(context.get_data_type(a.dtype))
-        populate_array(out, data=builder.gep(src.data, [start]), shape=[builder.sub(hi_, lo_)],
-                       strides=[context.get_constant(types.intp, itemsize)], itemsize=itemsize, meminfo=None)
-        return out._getvalue()
-    return view(a, k, lo, hi), codegen
 
 
 @intrinsic
@@ -3534,7 +3509,7 @@ def dare_masks(mts, poss, thrs, masks):
 def _mask_piece(k, T, phase, mts, poss, thrs, masks):
     """Model k's mask of dare_masks."""
     # the arguments borrowed: the caller holds them (see _unref)
-    mts, poss, masks = _unref(mts), _unref(poss), _unref(masks)
+    mts, poss, thrs, masks = _unref(mts), _unref(poss), _unref(thrs), _unref(masks)
     if thrs[k] >= 0:
         _mt_walk(masks[k], mts[k], poss[k:k + 1], thrs[k], False)
 
