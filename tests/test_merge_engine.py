@@ -18,7 +18,7 @@ from icmltools.core.seed import derive
 from icmltools.merge import engine as E
 from icmltools.merge import methods as MM
 from icmltools.merge import options
-from icmltools.taskvec import MemoryReader, open_checkpoint, write_state_dict
+from icmltools.taskvec import MemoryReader, WriteBehind, open_checkpoint, write_state_dict
 
 ALL = sorted(E.REGISTRY)
 
@@ -624,6 +624,55 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
     if thp_mode() in (None, "never"):
         pytest.skip("transparent huge pages are off here")
     assert x.data_ptr() % (1 << 21) == 0 and _anon_huge_kb(x.data_ptr()) >= 2048
+
+
+def test_pool_buffers_made_anew_keep_their_spare_and_slots_reuse_the_largest(tmp_path, monkeypatch):
+    """A pool buffer made anew takes `spare` elements more, which a later, larger request uses without a new
+    buffer; holds() says whether a request fits. In a merge to an HF folder whose two shards each start with the
+    largest tensor, the second one's output goes to the free slot that holds the first's, so one output buffer of
+    that size is made (before: the next slot in turn grew to it)."""
+    pool = E.BufferPool()
+    a = pool.get("x", (1000,), torch.float32, spare=500)
+    assert pool.bufs["x"].numel() == 1500 and pool.allocations == 1
+    assert pool.holds("x", 1500, torch.float32) and not pool.holds("x", 1501, torch.float32)
+    assert not pool.holds("x", 10, torch.int32) and not pool.holds("y", 1, torch.float32)
+    assert pool.get("x", (1500,), torch.float32).data_ptr() == a.data_ptr() and pool.allocations == 1
+    assert pool.flat("x", 1501, torch.float32).numel() == 1501 and pool.allocations == 2
+    _, caps, pos, pat, vals, _ = K._entry_buffers(3 << 20, 0.02, 4, torch.bfloat16, pool.flat, True)
+    cap = sum(caps)  # the deferred passes' entries: a pool's buffers made with half as much again
+    assert pos.shape == pat.shape == (cap,) and vals.shape == (5, cap)
+    room = cap + cap // 2
+    assert [pool.bufs[f"defer_{k}"].numel() for k in ("pos", "pat", "vals")] == [room, room, 5 * room]
+
+    g = torch.Generator().manual_seed(3)
+    big, small = 300_000, 5_000
+    base = {"a": torch.randn(big, generator=g).bfloat16(), "s1": torch.randn(small, generator=g).bfloat16(),
+            "z": torch.randn(big, generator=g).bfloat16(), "s2": torch.randn(small, generator=g).bfloat16()}
+    models = [{k: (v.float() + 0.01 * torch.randn(v.shape, generator=g)).bfloat16() for k, v in base.items()}
+              for _ in range(2)]
+    write_state_dict(base, tmp_path / "hf", fmt="hf_safetensors", shards=[["a", "s1"], ["z", "s2"]])
+    made, real_get, real_slot = [], E.BufferPool.get, WriteBehind.slot
+
+    def get(self, key, shape, dtype, spare=0):
+        grows = not self.holds(key, int(np.prod(shape)), dtype)
+        out = real_get(self, key, shape, dtype, spare)
+        if grows and key.startswith("out"):
+            made.append((key, self.bufs[key].numel()))
+        return out
+
+    def slot(self, fits=None):  # every earlier write done first: which slots are free does not depend on timing
+        if self._last is not None:
+            self._last.result()
+        return real_slot(self, fits)
+
+    monkeypatch.setattr(E.BufferPool, "get", get)
+    monkeypatch.setattr(WriteBehind, "slot", slot)
+    E.merge_to_checkpoint(open_checkpoint(tmp_path / "hf"), [MemoryReader(m) for m in models],
+                          E.make_plan("task_arithmetic", 2), 1.0, tmp_path / "out")
+    assert len([n for _, n in made if n >= big]) == 1, made
+    want = {k: (v.float() + sum(m[k].float() - v.float() for m in models)).bfloat16() for k, v in base.items()}
+    got = open_checkpoint(tmp_path / "out")
+    assert all(torch.equal(got.get(k), want[k]) for k in base)
 
 
 def test_cpu_merges_settle_malloc_first(monkeypatch):

@@ -503,6 +503,35 @@ def test_write_behind_writes_in_order_and_reuses_slots(tmp_path):
     assert _same(sd, open_checkpoint(tmp_path / "m.safetensors"))
 
 
+def test_write_behind_takes_a_free_slot_that_fits():
+    """slot(fits) takes the first free slot (in turn from the next one) that fits, leaving the turn where it
+    was; a slot whose write is still running is passed over however well it fits, and with none free that
+    fits the turn's slot is taken (waiting for its write) as without `fits`."""
+    import threading
+
+    from icmltools.taskvec import WriteBehind
+
+    gate, wrote = threading.Event(), []
+
+    class Slow:  # a writer whose writes wait for the gate
+        order: list = []
+
+        def write_range(self, name, a, b, part):
+            gate.wait(10)
+            wrote.append(name)
+
+    with WriteBehind(Slow(), slots=3) as w:
+        assert w.slot(lambda j: j == 2) == 2  # free and fits: taken out of turn
+        assert w.slot() == 0 and w.slot() == 1  # the turn unchanged by it
+        w.write_range("x", 0, 1, None, 1)  # slot 1 busy until the gate opens
+        assert w.slot(lambda j: j == 1) == 2  # busy: passed over; none free fits, so the turn's (2)
+        assert w.slot(lambda j: j in (0, 2)) == 0  # from the turn (0) on: 0 is free and fits
+        assert not wrote
+        gate.set()
+        assert w.slot(lambda j: j == 1) == 1  # its write waited for: done, and it fits
+    assert wrote == ["x"]
+
+
 def test_write_behind_error_in_the_thread_leaves_nothing(tmp_path):
     """The thread's first error is raised in the caller, and the writer's exit removes the temporary output."""
     from icmltools.taskvec import WriteBehind

@@ -245,7 +245,7 @@ class CAMagnitude(_Pruned):
         if not all(0 < idx < st.numel for idx in idxs):  # the smallest |x|, or nothing to keep: model by model
             return None
         thr = K.ca_thresholds(base, raws, [st.numel - idx for idx in idxs],
-                              buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release)
+                              buf=st.pool.flat, release=st.release)
         if thr is None:
             return None
         for i, t in zip(wanted, thr):
@@ -268,7 +268,7 @@ class CAMagnitude(_Pruned):
         if not all(0 < idx < st.numel for idx in idxs):
             return None
         got = K.ca_merge_deferred(base, raws, [st.numel - idx for idx in idxs], [st.plan.weights[i] for i in wanted],
-                                  st.total, emit=st.emit, buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                                  st.total, emit=st.emit, buf=st.pool.flat,
                                   release=st.release)
         if got is None:
             return None

@@ -336,7 +336,9 @@ class BufferPool:
         self.bufs: dict = {}
         self.allocations = 0
 
-    def get(self, key: str, shape, dtype):
+    def get(self, key: str, shape, dtype, spare: int = 0):
+        """Buffer `key` as `shape` (its first elements); one made anew, where it is missing or too small, takes
+        `spare` elements more (address space for a later, larger request: its pages are touched only as used)."""
         import torch
 
         numel = 1
@@ -345,12 +347,21 @@ class BufferPool:
         b = self.bufs.get(key)
         if b is None or b.dtype != dtype or b.numel() < numel:
             self.bufs.pop(key, None)
-            b = huge_page_empty(numel, dtype) if self.device == "cpu" else None
+            b = huge_page_empty(numel + spare, dtype) if self.device == "cpu" else None
             if b is None:
-                b = torch.empty(max(numel, 1), dtype=dtype, device=self.device)
+                b = torch.empty(max(numel + spare, 1), dtype=dtype, device=self.device)
             self.bufs[key] = b
             self.allocations += 1
         return b[:numel].view(tuple(shape))
+
+    def flat(self, key: str, numel: int, dtype, spare: int = 0):
+        """:meth:`get` of a flat buffer (the one-pass loops' `buf(key, numel, dtype, spare)`)."""
+        return self.get(key, (numel,), dtype, spare)
+
+    def holds(self, key: str, numel: int, dtype) -> bool:
+        """Whether buffer `key` exists and takes `numel` elements of `dtype` without growing."""
+        b = self.bufs.get(key)
+        return b is not None and b.dtype == dtype and b.numel() >= numel
 
     @property
     def nbytes(self) -> int:
@@ -1146,7 +1157,7 @@ class _Direct:
         """(output chunk, lambda, sign) of the next slot for chunk [a, b), or None (lambda 0 writes the base)."""
         if self.dtype is None or (self.skip_zero and self.lam == 0):
             return None
-        slot = self.w.slot()
+        slot = self.w.slot(_fits(self.pool, a, b, self.dtype))
         o = _slot_chunk(self.pool, self.w, slot, self.name, a, b, self.dtype)
         self.pending = [slot, o, None]
         return o, self.lam, self.sign
@@ -1159,6 +1170,19 @@ class _Direct:
         return got
 
 
+def _slot_numel(a: int, b: int, dtype) -> int:
+    """Elements of the slot buffer that holds the output chunk [a, b) (a disk block to spare: _slot_chunk)."""
+    return b - a + DIRECT_BLOCK // dtype.itemsize
+
+
+def _fits(pool: BufferPool, a: int, b: int, dtype):
+    """WriteBehind.slot's `fits` for the chunk [a, b): the slots whose buffer already holds it. A free slot that
+    fits is taken before the next in turn: the merge benchmark's HF folders (the embedding in the first shard,
+    the head first in the last) grew a third 131 MB buffer for the head where the embedding's was free."""
+    numel = _slot_numel(a, b, dtype)
+    return lambda slot: pool.holds(f"out{slot}", numel, dtype)
+
+
 def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype):
     """The output chunk [a, b) of tensor `name` in the writer's slot `slot`: a view of the slot's buffer whose
     address is congruent, modulo a disk block, to the chunk's offset in its output file (the writer's
@@ -1166,7 +1190,7 @@ def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype
     copying them through its staging buffer (taskvec.writers._DirectFile). The buffer has a block to spare; where
     no such view exists (torch files, an offset that is not a multiple of the dtype's size), its start."""
     size = dtype.itemsize
-    buf = pool.get(f"out{slot}", (b - a + DIRECT_BLOCK // size,), dtype)
+    buf = pool.get(f"out{slot}", (_slot_numel(a, b, dtype),), dtype)
     where = w.byte_offset(name, a)
     shift = 0
     if where is not None:
@@ -1188,7 +1212,7 @@ def _write_tensor(w, name, spec, chunks, lam: float, sign: int, skip_zero: bool,
         direct.dtype, direct.name = dtype, name
     for a, b, raw_b, bd, merged in chunks:
         lent = direct.take() if direct is not None else None
-        slot = lent[0] if lent is not None else w.slot()
+        slot = lent[0] if lent is not None else w.slot(_fits(pool, a, b, dtype))
         o = _slot_chunk(pool, w, slot, name, a, b, dtype)
         if bd is WRITTEN:
             if lent[2]:

@@ -620,19 +620,21 @@ def _windows_of(counts, ks, n: int):
 def _entry_buffers(n: int, share: float, K: int, dtype, buf, positions: bool):
     """For a pass that stores entries (topk_merge_deferred, ca_thresholds): its segments ([a, b) of _DEFER_SEGMENT
     elements), each one's entry slots (the sample's share of elements in the windows, with room), and the buffers
-    of those slots from `buf(key, numel, torch dtype)` (new ones where None): positions (int32; None unless
-    `positions`), patterns (uint8), values ((K + 1) rows of `dtype`); then `buf` itself."""
+    of those slots from `buf(key, numel, torch dtype, spare)` (a pool's flat buffers, made anew with `spare`
+    elements more; new ones where None): positions (int32; None unless `positions`), patterns (uint8), values
+    ((K + 1) rows of `dtype`); then `buf` itself."""
     import torch
 
     segs = [(a, min(n, a + _DEFER_SEGMENT)) for a in range(0, n, _DEFER_SEGMENT)]
     caps = [int((e - a) * min(1.0, 1.5 * share + 0.005)) + 8 * 4096 for a, e in segs]
     cap = sum(caps)
     if buf is None:
-        def buf(key, numel, dt):
+        def buf(key, numel, dt, spare=0):
             return torch.empty(numel, dtype=dt)
-    pos = _np(buf("defer_pos", cap, torch.int32)) if positions else None
-    pat = _np(buf("defer_pat", cap, torch.uint8))
-    vals = _np(buf("defer_vals", cap * (K + 1), dtype)).reshape(K + 1, cap)
+    spare = cap // 2  # made anew, half as much again: a later tensor as large with more in its windows fits
+    pos = _np(buf("defer_pos", cap, torch.int32, spare)) if positions else None
+    pat = _np(buf("defer_pat", cap, torch.uint8, spare))
+    vals = _np(buf("defer_vals", cap * (K + 1), dtype, spare * (K + 1))).reshape(K + 1, cap)
     return segs, caps, pos, pat, vals, buf
 
 
@@ -675,8 +677,8 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     stored too and those above it counted. Bitwise topk_merge_raw with the scan's selections. Its results (with each
     model's (threshold, above, equal) last, and its top's after them), or None: not run, a model's k outside its
     window or no window, windows that touch or hold too many elements, a non-finite element (the scan's path
-    decides). `buf(key, numel, torch dtype)`: the stored entries' buffers (a pool's, reused across tensors: their
-    pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), each
+    decides). `buf(key, numel, torch dtype, spare)`: the stored entries' buffers (a pool's, reused across tensors:
+    their pages are touched once), else new ones. The pass goes segment by segment (_DEFER_SEGMENT elements), each
     segment's pieces calling `release(a, b)` with their range as each ends (the engine drops the inputs' mapped
     pages there: memory independent of the model count). Where only some windows miss their k, `found` (a dict) gets
     "sels": each window's selection as in the results, None where it missed (its model's scan alone is then needed)."""
@@ -870,8 +872,8 @@ def ca_thresholds(base, raws, ks, buf=None, release=None):
     from those entries (ca_candidates). The list of thresholds (float32 values), or None: not run (a
     tensor below WINDOW_MIN elements or past 2^31, a k outside (0, n), mixed dtypes, more than MAX_ONE_PASS models,
     a window at bucket 0 or holding too many elements, a threshold outside its window, a non-finite element): the
-    per-model scans decide then. `buf(key, numel, torch dtype)` and `release(a, b)` as topk_merge_deferred's (the
-    pass goes segment by segment)."""
+    per-model scans decide then. `buf(key, numel, torch dtype, spare)` and `release(a, b)` as topk_merge_deferred's
+    (the pass goes segment by segment)."""
     import numpy as np
 
     got = _ca_entries(base, raws, None, ks, buf, False, WINDOW_MIN)

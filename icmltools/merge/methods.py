@@ -234,7 +234,7 @@ class _Magnitude(Weighted):
         part: dict = {}
         got = K.topk_merge_deferred(base, raws, ks, keep, [st.plan.weights[i] for i in wanted], self.consensus_code(st),
                                     bool(st.plan.options.get("normalize")), out, emit=st.emit,
-                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt), release=st.release,
+                                    buf=st.pool.flat, release=st.release,
                                     found=part)
         if got is None:
             for i, k, sel in zip(wanted, ks, part.get("sels", ())):  # the scan then skips these models
@@ -393,7 +393,7 @@ class Breadcrumbs(_Magnitude):
         part: dict = {}
         got = K.topk_merge_deferred(base, raws, [k[0] for k in ks], False, [st.plan.weights[i] for i in wanted],
                                     self.consensus_code(st), bool(st.plan.options.get("normalize")), out, emit=st.emit,
-                                    buf=lambda key, numel, dt: st.pool.get(key, (numel,), dt),
+                                    buf=st.pool.flat,
                                     tops=[k[1] for k in ks], release=st.release, found=part)
         J = len(wanted)
         if got is None:

@@ -16,6 +16,7 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from icmltools.core.errors import BadInputError
@@ -486,10 +487,21 @@ class WriteBehind:
     def __enter__(self):
         return self
 
-    def slot(self) -> int:
-        """The index of an output buffer no pending write still reads (round robin)."""
+    def slot(self, fits: Callable[[int], bool] | None = None) -> int:
+        """The index of an output buffer no pending write still reads: round robin, except that where `fits`
+        (buffer index -> whether that buffer is already large enough) is given, the first buffer in that order
+        whose write is done and that fits is taken at once (a large tensor after small ones reuses a large
+        buffer instead of growing the next one)."""
+        n = len(self._slots)
         i = self._next
-        self._next = (i + 1) % len(self._slots)
+        if fits is not None:
+            for j in [*range(i, n), *range(i)]:
+                fut = self._slots[j]
+                if (fut is None or fut.done()) and fits(j):
+                    i = j
+                    break
+        if i == self._next:
+            self._next = (i + 1) % n
         fut, self._slots[i] = self._slots[i], None
         if fut is not None:
             fut.result()
