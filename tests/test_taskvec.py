@@ -505,8 +505,8 @@ def test_write_behind_writes_in_order_and_reuses_slots(tmp_path):
 
 def test_write_behind_takes_a_free_slot_that_fits():
     """slot(fits) takes the first free slot (in turn from the next one) that fits, leaving the turn where it
-    was; a slot whose write is still running is passed over however well it fits, and with none free that
-    fits the turn's slot is taken (waiting for its write) as without `fits`."""
+    was; a slot whose write is still running, or handed out and not yet written, is passed over however well it
+    fits, and with none free that fits the turn's slot is taken (waiting for its write) as without `fits`."""
     import threading
 
     from icmltools.taskvec import WriteBehind
@@ -521,15 +521,16 @@ def test_write_behind_takes_a_free_slot_that_fits():
             wrote.append(name)
 
     with WriteBehind(Slow(), slots=3) as w:
-        assert w.slot(lambda j: j == 2) == 2  # free and fits: taken out of turn
-        assert w.slot() == 0 and w.slot() == 1  # the turn unchanged by it
-        w.write_range("x", 0, 1, None, 1)  # slot 1 busy until the gate opens
-        assert w.slot(lambda j: j == 1) == 2  # busy: passed over; none free fits, so the turn's (2)
-        assert w.slot(lambda j: j in (0, 2)) == 0  # from the turn (0) on: 0 is free and fits
+        assert w.slot(lambda j: j == 2) == 2  # free and fits: taken out of turn, the turn left at 0
+        assert w.slot(lambda j: j == 2) == 0  # 2 handed out, its write not yet submitted: the turn's
+        w.write_range("a", 0, 1, None, 0)  # slots 0 and 2 busy until the gate opens
+        w.write_range("b", 0, 1, None, 2)
+        assert w.slot(lambda j: j in (0, 2)) == 1  # both busy: passed over; the turn's (1), free
         assert not wrote
         gate.set()
-        assert w.slot(lambda j: j == 1) == 1  # its write waited for: done, and it fits
-    assert wrote == ["x"]
+        assert w.slot() == 2  # the turn's: its write waited for ("a" ran before it)
+        assert w.slot(lambda j: j == 0) == 0  # done, and it fits
+    assert wrote == ["a", "b"]
 
 
 def test_write_behind_error_in_the_thread_leaves_nothing(tmp_path):

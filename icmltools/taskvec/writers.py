@@ -461,6 +461,9 @@ def _retyped_config(src: Path, dst: Path, dtype) -> None:
     dst.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
 
 
+_TAKEN = object()  # WriteBehind's mark of a slot handed out whose write is not yet submitted
+
+
 class WriteBehind:
     """A :class:`CheckpointWriter` fed from another thread: ``write`` hands the tensor to one writer thread and
     returns, so copying the output into the page cache (and a shard's fsync) runs on another core while the
@@ -497,13 +500,13 @@ class WriteBehind:
         if fits is not None:
             for j in [*range(i, n), *range(i)]:
                 fut = self._slots[j]
-                if (fut is None or fut.done()) and fits(j):
+                if (fut is None or (fut is not _TAKEN and fut.done())) and fits(j):
                     i = j
                     break
         if i == self._next:
             self._next = (i + 1) % n
-        fut, self._slots[i] = self._slots[i], None
-        if fut is not None:
+        fut, self._slots[i] = self._slots[i], _TAKEN  # until its write is handed over, not free to `fits`
+        if fut is not None and fut is not _TAKEN:
             fut.result()
         self._raise()
         return i
