@@ -533,6 +533,33 @@ def test_write_behind_takes_a_free_slot_that_fits():
     assert wrote == ["a", "b"]
 
 
+def test_write_behind_takes_the_smallest_free_slot_that_fits():
+    """With sizes from `fits` (0: does not fit), the smallest free buffer that fits is taken, the first in turn
+    among equals, so a small chunk leaves a large buffer free for the next large tensor (first fit put it there,
+    and a large tensor that came while that write ran grew another buffer); a busy slot is passed over however
+    small; with none free that fits, the turn's."""
+    import threading
+
+    from icmltools.taskvec import WriteBehind
+
+    gate = threading.Event()
+
+    class Slow:
+        order: list = []
+
+        def write_range(self, name, a, b, part):
+            gate.wait(10)
+
+    sizes = {0: 0, 1: 900, 2: 40, 3: 40}
+    with WriteBehind(Slow(), slots=4) as w:
+        assert w.slot(sizes.get) == 2  # 2 and 3 equal and smallest: the first in turn; the turn left at 0
+        w.write_range("a", 0, 1, None, 2)  # 2 busy until the gate opens
+        assert w.slot(sizes.get) == 3  # 2 busy: the next smallest, not the large 1
+        assert w.slot({0: 0, 1: 900, 2: 40, 3: 0}.get) == 1  # 2 busy, 3 handed out: the large one
+        assert w.slot(lambda j: 0) == 0  # none fits: the turn's
+        gate.set()
+
+
 def test_write_behind_error_in_the_thread_leaves_nothing(tmp_path):
     """The thread's first error is raised in the caller, and the writer's exit removes the temporary output."""
     from icmltools.taskvec import WriteBehind

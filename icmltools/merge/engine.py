@@ -358,10 +358,11 @@ class BufferPool:
         """:meth:`get` of a flat buffer (the one-pass loops' `buf(key, numel, dtype, spare)`)."""
         return self.get(key, (numel,), dtype, spare)
 
-    def holds(self, key: str, numel: int, dtype) -> bool:
-        """Whether buffer `key` exists and takes `numel` elements of `dtype` without growing."""
+    def holds(self, key: str, numel: int, dtype) -> int:
+        """The size (elements) of buffer `key` where it exists and takes `numel` elements of `dtype` without
+        growing, else 0 (a truth value too)."""
         b = self.bufs.get(key)
-        return b is not None and b.dtype == dtype and b.numel() >= numel
+        return b.numel() if b is not None and b.dtype == dtype and b.numel() >= numel else 0
 
     @property
     def nbytes(self) -> int:
@@ -1176,9 +1177,11 @@ def _slot_numel(a: int, b: int, dtype) -> int:
 
 
 def _fits(pool: BufferPool, a: int, b: int, dtype):
-    """WriteBehind.slot's `fits` for the chunk [a, b): the slots whose buffer already holds it. A free slot that
-    fits is taken before the next in turn: the merge benchmark's HF folders (the embedding in the first shard,
-    the head first in the last) grew a third 131 MB buffer for the head where the embedding's was free."""
+    """WriteBehind.slot's `fits` for the chunk [a, b): the size of each slot's buffer where it already holds the
+    chunk, else 0. The smallest free one that fits is taken before the next in turn: the merge benchmark's HF
+    folders (the embedding in the first shard, the head first in the last) grew a third 131 MB buffer for the
+    head where the embedding's was free, and (first fit) the top-k methods a second one in some runs, where the
+    write of a small chunk put in the embedding's buffer was still running."""
     numel = _slot_numel(a, b, dtype)
     return lambda slot: pool.holds(f"out{slot}", numel, dtype)
 

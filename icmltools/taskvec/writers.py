@@ -490,19 +490,24 @@ class WriteBehind:
     def __enter__(self):
         return self
 
-    def slot(self, fits: Callable[[int], bool] | None = None) -> int:
-        """The index of an output buffer no pending write still reads: round robin, except that where `fits`
-        (buffer index -> whether that buffer is already large enough) is given, the first buffer in that order
-        whose write is done and that fits is taken at once (a large tensor after small ones reuses a large
-        buffer instead of growing the next one)."""
+    def slot(self, fits: Callable[[int], int] | None = None) -> int:
+        """The index of an output buffer no pending write still reads: round robin, except where `fits` is given
+        (buffer index -> its size where it is already large enough, else 0; a bool serves where sizes do not
+        matter). Then the smallest buffer that fits among those whose write is done is taken at once, the first in
+        turn among equals (a large tensor after small ones reuses a large buffer instead of growing the next one,
+        and small chunks leave it free where a smaller one is free); with none free that fits, the turn's (its
+        write waited for)."""
         n = len(self._slots)
         i = self._next
         if fits is not None:
+            best = None
             for j in [*range(i, n), *range(i)]:
                 fut = self._slots[j]
-                if (fut is None or (fut is not _TAKEN and fut.done())) and fits(j):
-                    i = j
-                    break
+                if fut is None or (fut is not _TAKEN and fut.done()):
+                    size = fits(j)
+                    if size and (best is None or size < best[0]):
+                        best = (size, j)
+            i = i if best is None else best[1]
         if i == self._next:
             self._next = (i + 1) % n
         fut, self._slots[i] = self._slots[i], _TAKEN  # until its write is handed over, not free to `fits`
