@@ -223,12 +223,11 @@ def bucket_windows(sampled, ks, n: int, most: int = _WINDOW_MOST) -> list:
 
     import numpy as np
 
-    below = np.cumsum(sampled)  # forward: a cumsum over the reversed view took 70 us here, this one 15
+    below = np.cumsum(sampled)
     size = int(below[-1]) if below.size else 0
 
-    def bucket(i):  # the bucket of the sample's (i+1)-th largest value: the last b with sum(sampled[b:]) > i
-        i = min(size - 1, max(0, i))
-        return int(np.searchsorted(below[:-1], size - 1 - i, side="right"))
+    def bucket(i):  # the bucket of the sample's (i+1)-th largest value
+        return _from_top(below, min(size - 1, max(0, i)) + 1)[0]
 
     spans = []
     for k in ks:
@@ -266,18 +265,25 @@ def select_from_histograms(hi, k: int, fill_lo):
     (:func:`engine.kth_largest`)."""
     import numpy as np
 
-    from_top = np.cumsum(hi[::-1])
-    idx = int(np.searchsorted(from_top, k))  # first bucket from the top where the count reaches k
-    bucket = hi.size - 1 - idx
-    above = int(from_top[idx - 1]) if idx > 0 else 0
+    bucket, above = _from_top(np.cumsum(hi), k)  # the bucket where the count from the top reaches k
     lo = np.zeros(1 << 16, np.int64)
     fill_lo(bucket, lo)
-    from_top2 = np.cumsum(lo[::-1])
-    j = int(np.searchsorted(from_top2, k - above))
-    low = (1 << 16) - 1 - j
+    low, more = _from_top(np.cumsum(lo), k - above)
     bits = np.array([(bucket << 16) | low], dtype=np.uint32)
-    n_gt = above + (int(from_top2[j - 1]) if j > 0 else 0)
-    return float(bits.view(np.float32)[0]), n_gt, int(lo[low])
+    return float(bits.view(np.float32)[0]), above + more, int(lo[low])
+
+
+def _from_top(below, k: int):
+    """(the last index b whose count from the top, counts[b:].sum(), reaches k; counts[b + 1:].sum()) from below =
+    np.cumsum(counts): summed forward, since numpy's cumsum over the reversed view took 4-5x as long (70 us
+    against 15 for 2^15 counts); (-1, the total) where k passes the total, (the last, 0) for k <= 0."""
+    import numpy as np
+
+    total = int(below[-1])
+    if k > total:
+        return -1, total
+    b = int(np.searchsorted(below[:-1], total - k, side="right"))
+    return b, total - int(below[b])
 
 
 def topk_prune(x, mode: int, thr: float, all_ties: bool, left: int):
