@@ -1115,6 +1115,21 @@ def test_bucket_windows_cover_the_sampled_quantile_within_their_cap():
     assert K.bucket_windows(desc, [0, 1_000_000], 1_000_000) == [] == K.bucket_windows(desc * 0, [5], 10)
 
 
+
+def test_from_top_finds_the_bucket_where_the_count_from_the_top_reaches_k():
+    """_from_top (the radix select's and the windows' walk, from a forward cumsum) on exact cases, its edges, and
+    against a direct count from the top on random histograms with empty buckets."""
+    counts = np.array([0, 3, 0, 2, 0], np.int64)  # from the top: bucket 3 holds the 1st-2nd, bucket 1 the 3rd-5th
+    below = np.cumsum(counts)
+    assert [K._from_top(below, k) for k in (1, 2, 3, 5)] == [(3, 0), (3, 0), (1, 2), (1, 2)]
+    assert K._from_top(below, 0) == (4, 0) and K._from_top(below, 6) == (-1, 5)  # k <= 0: the last; past: -1
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        c = rng.integers(0, 3, int(rng.integers(1, 40))) * (rng.random() < 0.9)
+        for k in range(1, int(c.sum()) + 1):
+            b = max(i for i in range(c.size) if c[i:].sum() >= k)
+            assert K._from_top(np.cumsum(c), k) == (b, int(c[b + 1:].sum()))
+
 @needs_numba
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_models_sampled_on_threads_count_what_one_sample_at_a_time_holds(dtype):
