@@ -597,3 +597,49 @@ def test_interrupted_resumable_run_keeps_its_work_and_says_where(tmp_path):
     r = _invoke(ir, ["-q", "--no-work", "--out", str(tmp_path / "n")])
     assert r.exit_code == 130 and not (tmp_path / "n").exists()
     assert r.stderr.strip() == "Error: interrupted (nothing was written)"
+
+
+def test_llvm_interleave_nests_and_then_leaves_the_choice_to_llvm(monkeypatch):
+    """llvm_interleave sets LLVM's `-force-vector-interleave` for its block, the enclosing block's count after an
+    inner one, and 0 (LLVM's own choice) after the outermost."""
+    pytest.importorskip("numba")
+    import llvmlite.binding as ll
+
+    from icmltools.core import device
+
+    seen = []
+    monkeypatch.setattr(ll, "set_option", lambda name, opt: seen.append((name, opt)))
+    with device.llvm_interleave(1):
+        with device.llvm_interleave(2):
+            assert device._INTERLEAVE == [1, 2]
+    assert [o for _, o in seen] == [f"-force-vector-interleave={n}" for n in (1, 2, 1, 0)]
+    assert device._INTERLEAVE == []
+
+
+def test_numba_jit_interleave_changes_only_its_own_compiles():
+    """A loop compiled through numba_jit(..., interleave=1) gets other vector code than LLVM's choice (x86-64),
+    and a loop compiled after it gets the same code as one compiled before (the option does not stay set)."""
+    import platform
+    import subprocess
+    import sys
+
+    pytest.importorskip("numba")
+    code = ("import hashlib, numpy as np\n"
+            "from icmltools.core.device import numba_jit\n"
+            "def mk(il):\n"
+            "    def f(a, b, c):\n"
+            "        for i in range(a.shape[0]):\n"
+            "            c[i] = a[i] * np.float32(2.0) + b[i]\n"
+            "    return numba_jit(f, interleave=il)[0]\n"
+            "def code(d):\n"
+            "    x = np.ones(10, np.float32); d(x, x, x)\n"
+            "    asm = next(iter(d.inspect_asm().values()))\n"
+            "    return hashlib.sha1(''.join(s for s in asm.splitlines() if s.startswith('\\tv')).encode()).hexdigest()\n"
+            "a, b, c = code(mk(None)), code(mk(1)), code(mk(None))\n"
+            "print(a == c, a != b)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    same_after, other = out.stdout.split()
+    assert same_after == "True"
+    if platform.machine() in ("x86_64", "AMD64"):
+        assert other == "True"

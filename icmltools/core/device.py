@@ -258,16 +258,48 @@ def _cache_loads_without_refresh() -> None:
     cls.load_overload = load_overload
 
 
-def numba_jit(fn, **opts):
+def numba_jit(fn, interleave: int | None = None, **opts):
     """`numba.njit(cache=True, nogil=True, **opts)(fn)` whose compiles run in the compiling thread
     (:func:`compiles_off_main`); where numba finds no writable cache folder, compiled in every process instead.
-    Returns (the function, whether it is cached)."""
+    With `interleave`, LLVM's vectorised loops of its compiles (those it compiles inside too) are interleaved that
+    many times (:func:`llvm_interleave`). Returns (the function, whether it is cached)."""
     import numba
 
     try:
-        return compiles_off_main(numba.njit(cache=True, nogil=True, **opts)(fn)), True
+        d, cached = numba.njit(cache=True, nogil=True, **opts)(fn), True
     except RuntimeError:  # no writable cache location
-        return compiles_off_main(numba.njit(nogil=True, **opts)(fn)), False
+        d, cached = numba.njit(nogil=True, **opts)(fn), False
+    if interleave is not None:
+        own = d.compile
+
+        def compile(sig):
+            with llvm_interleave(interleave):
+                return own(sig)
+
+        d.compile = compile
+    return compiles_off_main(d), cached
+
+
+_INTERLEAVE: list = []  # the interleave counts of the compiles running inside each other, innermost last
+
+
+@contextlib.contextmanager
+def llvm_interleave(n: int):
+    """LLVM's loop vectoriser interleaves each vectorised loop compiled in the block n times (its option
+    `-force-vector-interleave`, process-wide: numba compiles in one thread at a time, under its compiler lock), then
+    as before: the enclosing block's count, or 0, which leaves the choice to LLVM's cost model again (the same code
+    as a process that never set it, checked on a small loop's assembly). LLVM chose 4 for the deferred pass's fused
+    loop of Breadcrumbs (4 models, two windows each): 64 elements per iteration in 512-bit vectors, more live values
+    than the 32 registers, spilled to the stack and read back in the loop (docs/merge-engine.md, Decisions)."""
+    import llvmlite.binding as ll
+
+    _INTERLEAVE.append(int(n))
+    ll.set_option("", f"-force-vector-interleave={int(n)}")
+    try:
+        yield
+    finally:
+        _INTERLEAVE.pop()
+        ll.set_option("", f"-force-vector-interleave={_INTERLEAVE[-1] if _INTERLEAVE else 0}")
 
 
 def load_numba_module(name: str):

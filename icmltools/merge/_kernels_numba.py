@@ -32,8 +32,14 @@ def _f32_as_u32(typingctx, x):
     return types.uint32(types.float32), codegen
 
 
-def _jit(fn, parallel=False):
-    return numba_jit(fn, parallel=parallel)[0]
+def _jit(fn, parallel=False, interleave=None):
+    return numba_jit(fn, parallel=parallel, interleave=interleave)[0]
+
+
+def _jit_once(fn):
+    """_jit with each vectorised loop interleaved once (:func:`icmltools.core.device.llvm_interleave`): for a loop
+    whose many live values LLVM's own choice (4) spilled to the stack."""
+    return _jit(fn, interleave=1)
 
 
 def _pjit(fn):
@@ -3048,7 +3054,7 @@ def _list_marked(q, bits, idx):
     return c
 
 
-@_jit
+@_jit_once
 def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, out, h4, oraw, sc, emit, los, wds,
                     los2, wds2, his2, ab, tv2, tf2, pos, pat, vals, m, cap):
     """topk_merge_deferred's pass over [lo, hi): each block merged by the fused loop with the provisional
