@@ -271,16 +271,11 @@ def test_a_compile_notice_shows_where_progress_bars_do(monkeypatch):
 
 
 def test_set_threads_does_not_import_torch_and_torch_loaded_later_follows():
-    import subprocess
-    import sys
-
     code = ("import os, sys; os.environ.pop('OMP_NUM_THREADS', None)\n"
             "from icmltools.core.device import set_threads; set_threads(1)\n"
             "print('torch' in sys.modules)\n"
             "import torch; print(torch.get_num_threads())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "1"]
+    assert _python(code) == ["False", "1"]
 
 
 def test_the_collector_paused_runs_no_collection_and_leaves_the_block_s_objects_old_and_collectable():
@@ -376,9 +371,6 @@ def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole(
     merge loop has run and the P-step's module loaded, through their own seams, scipy.linalg is not loaded (fails
     with a plain `import numba`); it imports as usual afterwards, and a loop calling np.dot (BLAS) still compiles
     and runs (numba checks for BLAS again then)."""
-    import subprocess
-    import sys
-
     pytest.importorskip("numba")
     code = ("import sys, torch\n"
             "from icmltools.merge import kernels as K; print(K.count_nonzero(torch.ones(3)))\n"
@@ -386,9 +378,7 @@ def test_load_numba_skips_the_scipy_blas_probe_and_leaves_scipy_and_numba_whole(
             "print('scipy.linalg' in sys.modules, sys.modules.get('scipy.linalg', 0) is None)\n"
             "import numba, numpy as np, scipy.linalg; print(scipy.linalg.norm([3.0, 4.0]))\n"
             "f = numba.njit(lambda a, b: np.dot(a, b)); print(f(np.ones(3), np.full(3, 2.0)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["3", "True", "False", "False", "5.0", "6.0"]
+    assert _python(code) == ["3", "True", "False", "False", "5.0", "6.0"]
 
 
 def test_wide_vectors_are_asked_for_only_on_avx512_and_only_where_nothing_was_chosen(monkeypatch):
@@ -620,8 +610,6 @@ def test_numba_jit_interleave_changes_only_its_own_compiles():
     """A loop compiled through numba_jit(..., interleave=1) gets other vector code than LLVM's choice (x86-64),
     and a loop compiled after it gets the same code as one compiled before (the option does not stay set)."""
     import platform
-    import subprocess
-    import sys
 
     pytest.importorskip("numba")
     code = ("import hashlib, numpy as np\n"
@@ -637,9 +625,7 @@ def test_numba_jit_interleave_changes_only_its_own_compiles():
             "    return hashlib.sha1(''.join(s for s in asm.splitlines() if s.startswith('\\tv')).encode()).hexdigest()\n"
             "a, b, c = code(mk(None)), code(mk(1)), code(mk(None))\n"
             "print(a == c, a != b)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    same_after, other = out.stdout.split()
+    same_after, other = _python(code)
     assert same_after == "True"
     if platform.machine() in ("x86_64", "AMD64"):
         assert other == "True"
