@@ -270,10 +270,12 @@ def numba_jit(fn, interleave: int | None = None, **opts):
     except RuntimeError:  # no writable cache location
         d, cached = numba.njit(nogil=True, **opts)(fn), False
     if interleave is not None:
+        from numba.core.compiler_lock import global_compiler_lock
+
         own = d.compile
 
-        def compile(sig):
-            with llvm_interleave(interleave):
+        def compile(sig):  # under numba's (re-entrant) compiler lock: no other thread's compile sees the option
+            with global_compiler_lock, llvm_interleave(interleave):
                 return own(sig)
 
         d.compile = compile
@@ -286,7 +288,7 @@ _INTERLEAVE: list = []  # the interleave counts of the compiles running inside e
 @contextlib.contextmanager
 def llvm_interleave(n: int):
     """LLVM's loop vectoriser interleaves each vectorised loop compiled in the block n times (its option
-    `-force-vector-interleave`, process-wide: numba compiles in one thread at a time, under its compiler lock), then
+    `-force-vector-interleave`, process-wide: numba_jit holds numba's compiler lock around the block), then
     as before: the enclosing block's count, or 0, which leaves the choice to LLVM's cost model again (the same code
     as a process that never set it, checked on a small loop's assembly). LLVM chose 4 for the deferred pass's fused
     loop of Breadcrumbs (4 models, two windows each): 64 elements per iteration in 512-bit vectors, more live values
