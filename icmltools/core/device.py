@@ -266,20 +266,9 @@ def numba_jit(fn, interleave: int | None = None, **opts):
     import numba
 
     try:
-        d, cached = numba.njit(cache=True, nogil=True, **opts)(fn), True
+        return compiles_off_main(numba.njit(cache=True, nogil=True, **opts)(fn), interleave), True
     except RuntimeError:  # no writable cache location
-        d, cached = numba.njit(nogil=True, **opts)(fn), False
-    if interleave is not None:
-        from numba.core.compiler_lock import global_compiler_lock
-
-        own = d.compile
-
-        def compile(sig):  # under numba's (re-entrant) compiler lock: no other thread's compile sees the option
-            with global_compiler_lock, llvm_interleave(interleave):
-                return own(sig)
-
-        d.compile = compile
-    return compiles_off_main(d), cached
+        return compiles_off_main(numba.njit(nogil=True, **opts)(fn), interleave), False
 
 
 _INTERLEAVE: list = []  # the interleave counts of the compiles running inside each other, innermost last
@@ -288,7 +277,7 @@ _INTERLEAVE: list = []  # the interleave counts of the compiles running inside e
 @contextlib.contextmanager
 def llvm_interleave(n: int):
     """LLVM's loop vectoriser interleaves each vectorised loop compiled in the block n times (its option
-    `-force-vector-interleave`, process-wide: numba_jit holds numba's compiler lock around the block), then
+    `-force-vector-interleave`, process-wide: compiles_off_main holds numba's compiler lock around the block), then
     as before: the enclosing block's count, or 0, which leaves the choice to LLVM's cost model again (the same code
     as a process that never set it, checked on a small loop's assembly). LLVM chose 4 for the deferred pass's fused
     loop of Breadcrumbs (4 models, two windows each): 64 elements per iteration in 512-bit vectors, more live values
@@ -343,12 +332,22 @@ def _collector_paused():
             gc.enable()
 
 
-def compiles_off_main(dispatcher):
+def compiles_off_main(dispatcher, interleave: int | None = None):
     """Make a numba function compile, or load from numba's cache, in the compiling thread (:func:`off_main`); a
     compile still running after COMPILE_NOTICE_AFTER seconds is announced once (off_main's `notice`: a cached
     load takes milliseconds; a first 2-model TIES merge took 10.5 s, 1.55 s warm, its progress standing still in
-    the compiles)."""
+    the compiles). With `interleave`, each compile runs inside :func:`llvm_interleave` under numba's (re-entrant)
+    compiler lock, so that no compile in another thread sees the option."""
     own = dispatcher.compile
+    if interleave is not None:
+        from numba.core.compiler_lock import global_compiler_lock
+
+        plain = own
+
+        def own(sig):
+            with global_compiler_lock, llvm_interleave(interleave):
+                return plain(sig)
+
     parts = getattr(getattr(dispatcher, "py_func", None), "__module__", "").split(".")
     what = f"the {parts[1]} loops" if len(parts) > 2 and parts[0] == "icmltools" else "a loop"
     notice = f"compiling {what} for new argument types with numba (once: cached for later runs)"

@@ -1193,7 +1193,7 @@ def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype
     copying them through its staging buffer (taskvec.writers._DirectFile). The buffer has a block to spare; where
     no such view exists (torch files, an offset that is not a multiple of the dtype's size), its start."""
     size = dtype.itemsize
-    buf = pool.get(f"out{slot}", (_slot_numel(a, b, dtype),), dtype)
+    buf = pool.flat(f"out{slot}", _slot_numel(a, b, dtype), dtype)
     where = w.byte_offset(name, a)
     shift = 0
     if where is not None:
