@@ -18,9 +18,11 @@ merge must also do), and each method's ratio to it. `kernels_load_seconds`: numb
 more than once pays it once). `numba_512_bit`: whether the merge's loops were compiled with 512-bit vectors
 preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `transparent_hugepage`: the
 kernel's THP mode (the engine's large buffers ask for huge pages, which "madvise" and "always" serve; "never" and
-None: plain pages, more page faults for the one-pass top-k methods' whole tensors). `--repeat R` runs R rounds over
-every row and keeps each row's fastest run (a shared host's noise only slows a run; every run's seconds are
-listed). Prints one JSON document.
+None: plain pages, more page faults for the one-pass top-k methods' whole tensors).
+`free_page_reporting_order`: where not None, the kernel hands free blocks of that order and larger to its
+hypervisor, and at 9 or below the engine's buffers take plain pages instead (`engine._huge_blocks_reported`).
+`--repeat R` runs R rounds over every row and keeps each row's fastest run (a shared host's noise only slows a
+run; every run's seconds are listed). Prints one JSON document.
 """
 from __future__ import annotations
 
@@ -305,12 +307,13 @@ def main(argv=None) -> None:
     if a.chunk_elems is not None and a.chunk_elems < 1:
         ap.error("--chunk-elems must be >= 1")
     folder = Path(a.data) if a.data else Path(tempfile.mkdtemp(prefix="merge_engine_bench_", dir=a.tmp))
-    from icmltools.core.envinfo import thp_mode  # standard library only
+    from icmltools.core.envinfo import free_page_reporting, thp_mode  # standard library only
 
     doc: dict = {"gb": a.gb, "n_models": a.n, "threads": a.threads, "read_threads": 1,
                  "chunk_elems": a.chunk_elems or _engine_chunk(),
                  "targets": {"peak_rss_gb_below": RSS_TARGET_GB, "ratio_to_read_at_least": RATIO_TARGET},
-                 "fresh_memory_gb_per_s": fresh_memory_rate(), "transparent_hugepage": thp_mode()}
+                 "fresh_memory_gb_per_s": fresh_memory_rate(), "transparent_hugepage": thp_mode(),
+                 "free_page_reporting_order": free_page_reporting()}
     try:
         if not a.data:
             t0 = time.perf_counter()

@@ -629,3 +629,33 @@ def test_numba_jit_interleave_changes_only_its_own_compiles():
     assert same_after == "True"
     if platform.machine() in ("x86_64", "AMD64"):
         assert other == "True"
+
+
+def test_free_page_reporting_reads_the_order_where_a_balloon_reports(tmp_path):
+    """envinfo.free_page_reporting: the kernel's page_reporting_order where a bound virtio-balloon device has the
+    reporting feature (bit 5 of its features), None without the module, the driver, the bit, or with bad text."""
+    from icmltools.core.envinfo import free_page_reporting
+
+    def tree(order, devices):
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        params = root / "module/page_reporting/parameters"
+        drivers = root / "bus/virtio/drivers/virtio_balloon"
+        drivers.mkdir(parents=True)
+        (drivers / "uevent").write_text("DRIVER=virtio_balloon\n")
+        if order is not None:
+            params.mkdir(parents=True)
+            (params / "page_reporting_order").write_text(f"{order}\n")
+        for name, bits in devices.items():
+            (drivers / name).mkdir()
+            (drivers / name / "features").write_text(bits + "\n")
+        return str(root)
+
+    on, off = "0110010100000000", "0110000100000000"
+    assert free_page_reporting(tree(9, {"virtio0": on})) == 9
+    assert free_page_reporting(tree(10, {"virtio3": off, "virtio0": on})) == 10
+    assert free_page_reporting(tree(9, {"virtio0": off})) is None
+    assert free_page_reporting(tree(9, {"virtio0": "01100"})) is None  # too short to hold the bit
+    assert free_page_reporting(tree(9, {})) is None
+    assert free_page_reporting(tree(None, {"virtio0": on})) is None
+    assert free_page_reporting(tree("nine", {"virtio0": on})) is None
+    assert free_page_reporting(str(tmp_path / "absent")) is None

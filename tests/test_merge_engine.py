@@ -599,6 +599,7 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
 
     from icmltools.core.envinfo import thp_mode
 
+    monkeypatch.setattr(E, "_REPORTED", False)  # a host whose free huge blocks stay its own (see the test below)
     assert E.huge_page_empty((2 << 20) // 4 - 1, torch.float32) is None
     if not hasattr(mmap, "MADV_HUGEPAGE"):  # not Linux: torch.empty's buffers
         assert E.huge_page_empty(3 << 20, torch.float32) is None
@@ -624,6 +625,37 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
     if thp_mode() in (None, "never"):
         pytest.skip("transparent huge pages are off here")
     assert x.data_ptr() % (1 << 21) == 0 and _anon_huge_kb(x.data_ptr()) >= 2048
+
+
+def test_pool_buffers_take_plain_pages_where_free_huge_blocks_go_to_the_hypervisor(tmp_path, monkeypatch):
+    """Where the kernel reports free blocks of order 9 or below to a hypervisor (virtio-balloon's free page
+    reporting), huge_page_empty gives None and the pool's buffers are torch.empty's; reporting from a larger order
+    leaves huge pages alone. The answer is read from sysfs once."""
+    import mmap
+
+    from icmltools.core import envinfo
+
+    calls = []
+
+    def reporting(order):
+        def read():
+            calls.append(order)
+            return order
+        return read
+
+    for order, reported in ((9, True), (7, True), (10, False), (None, False)):
+        monkeypatch.setattr(E, "_REPORTED", None)
+        monkeypatch.setattr(envinfo, "free_page_reporting", reporting(order))
+        assert E._huge_blocks_reported() is reported and E._huge_blocks_reported() is reported
+        assert calls.count(order) == 1
+        if reported or not hasattr(mmap, "MADV_HUGEPAGE"):
+            assert E.huge_page_empty(3 << 20, torch.float32) is None
+        else:
+            assert E.huge_page_empty(3 << 20, torch.float32).data_ptr() % (1 << 21) == 0
+    monkeypatch.setattr(E, "_REPORTED", True)
+    b = E.BufferPool().get("x", (3 << 20,), torch.float32)
+    b.fill_(1.5)
+    assert b.numel() == 3 << 20 and float(b.sum()) == 1.5 * (3 << 20)
 
 
 def test_pool_buffers_made_anew_keep_their_spare_and_slots_reuse_the_largest(tmp_path, monkeypatch):

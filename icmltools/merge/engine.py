@@ -380,14 +380,15 @@ def huge_page_empty(numel: int, dtype):
     the platform has no MADV_HUGEPAGE (then torch.empty). Fresh memory is faulted in page by page as the loops
     first write it: a TIES merge of the engine benchmark's files (base + 4 x 0.98 GB bf16, whole-tensor output
     slots) took 154K page faults and 0.39-0.50 s of system CPU in a fresh process, 14.5K and 0.25-0.36 s with huge
-    pages (docs/merge-engine.md, Decisions). Where the kernel has none to give, plain pages back it as before."""
+    pages (docs/merge-engine.md, Decisions). Where the kernel has none to give, plain pages back it as before.
+    None too where the kernel reports free 2 MB blocks to a hypervisor (:func:`_huge_blocks_reported`)."""
     import mmap
 
     import numpy as np
     import torch
 
     size = numel * dtype.itemsize
-    if size < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if size < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or _huge_blocks_reported():
         return None
     # private anonymous memory (a shared map would be shmem, which THP's "madvise" mode leaves out), page-aligned:
     # one huge page more to align the span
@@ -402,6 +403,28 @@ def huge_page_empty(numel: int, dtype):
     except OSError:  # a kernel without THP: plain pages
         pass
     return torch.from_numpy(a).view(dtype)
+
+
+def _huge_blocks_reported() -> bool:
+    """Whether this guest's kernel reports free blocks of a huge page's size to its hypervisor, which discards
+    them (virtio-balloon's free page reporting from order 9 or below: :func:`core.envinfo.free_page_reporting`).
+    Every huge page is such a block, so once a freed one is reported (2 s after it is freed) its first write goes
+    to the hypervisor: the pool's buffers then take plain pages, most of which come from blocks too small to be
+    reported. On the Intel host of session 47 (reporting from order 9), 354 MB written once in a fresh process,
+    2.5-4 s after the last: huge pages 0.37-0.50 GB/s in 7 of 7 processes, plain pages 0.41-2.85 GB/s (1.0-2.85 in
+    3 of 4); the top-k merges of the benchmark's single files, whose two whole-tensor output slots and entries are
+    354 MB of such memory, ran faster on plain pages in 10 of 12 pairs of fresh processes (TIES 1.56-1.99 s against
+    1.67-1.85, CA-magnitude 1.49-1.59 against 1.66-1.86), HF folders (252-362 MB) alike either way. Read once."""
+    global _REPORTED
+    if _REPORTED is None:
+        from ..core.envinfo import free_page_reporting
+
+        order = free_page_reporting()
+        _REPORTED = order is not None and order <= (_HUGE_PAGE >> 12).bit_length() - 1
+    return _REPORTED
+
+
+_REPORTED: bool | None = None  # _huge_blocks_reported's answer, once read
 
 
 def compute_dtype(dtype):
