@@ -629,8 +629,9 @@ def test_pool_buffers_of_4_mb_or_more_ask_for_huge_pages(monkeypatch):
 
 def test_pool_buffers_take_plain_pages_where_free_huge_blocks_go_to_the_hypervisor(tmp_path, monkeypatch):
     """Where the kernel reports free blocks of order 9 or below to a hypervisor (virtio-balloon's free page
-    reporting), huge_page_empty gives None and the pool's buffers are torch.empty's; reporting from a larger order
-    leaves huge pages alone. The answer is read from sysfs once."""
+    reporting), huge_page_empty gives None and the pool's buffers are torch.empty's, except the output slots, which
+    the writer sends to the disk; reporting from a larger order leaves huge pages alone. The answer is read from
+    sysfs once."""
     import mmap
 
     from icmltools.core import envinfo
@@ -653,9 +654,20 @@ def test_pool_buffers_take_plain_pages_where_free_huge_blocks_go_to_the_hypervis
         else:
             assert E.huge_page_empty(3 << 20, torch.float32).data_ptr() % (1 << 21) == 0
     monkeypatch.setattr(E, "_REPORTED", True)
-    b = E.BufferPool().get("x", (3 << 20,), torch.float32)
+    pool = E.BufferPool()
+    b = pool.get("x", (3 << 20,), torch.float32)
     b.fill_(1.5)
     assert b.numel() == 3 << 20 and float(b.sum()) == 1.5 * (3 << 20)
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("no MADV_HUGEPAGE on this platform")
+    assert E.huge_page_empty(3 << 20, torch.float32, to_disk=True).data_ptr() % (1 << 21) == 0
+
+    class Writer:  # the writer's place for the chunk: none (a torch file)
+        def byte_offset(self, name, a):
+            return None
+
+    slot = E._slot_chunk(pool, Writer(), 0, "w", 0, 3 << 20, torch.bfloat16)  # an output slot: the disk reads it
+    assert slot.data_ptr() % (1 << 21) == 0 and pool.bufs["out0"].data_ptr() == slot.data_ptr()
 
 
 def test_pool_buffers_made_anew_keep_their_spare_and_slots_reuse_the_largest(tmp_path, monkeypatch):
@@ -685,9 +697,9 @@ def test_pool_buffers_made_anew_keep_their_spare_and_slots_reuse_the_largest(tmp
     write_state_dict(base, tmp_path / "hf", fmt="hf_safetensors", shards=[["a", "s1"], ["z", "s2"]])
     made, real_get, real_slot = [], E.BufferPool.get, WriteBehind.slot
 
-    def get(self, key, shape, dtype, spare=0):
+    def get(self, key, shape, dtype, spare=0, **kw):
         grows = not self.holds(key, int(np.prod(shape)), dtype)
-        out = real_get(self, key, shape, dtype, spare)
+        out = real_get(self, key, shape, dtype, spare, **kw)
         if grows and key.startswith("out"):
             made.append((key, self.bufs[key].numel()))
         return out

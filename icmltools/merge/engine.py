@@ -336,9 +336,10 @@ class BufferPool:
         self.bufs: dict = {}
         self.allocations = 0
 
-    def get(self, key: str, shape, dtype, spare: int = 0):
+    def get(self, key: str, shape, dtype, spare: int = 0, to_disk: bool = False):
         """Buffer `key` as `shape` (its first elements); one made anew, where it is missing or too small, takes
-        `spare` elements more (address space for a later, larger request: its pages are touched only as used)."""
+        `spare` elements more (address space for a later, larger request: its pages are touched only as used).
+        `to_disk`: the writer sends it to the disk (an output slot; :func:`huge_page_empty`)."""
         import torch
 
         numel = 1
@@ -347,16 +348,16 @@ class BufferPool:
         b = self.bufs.get(key)
         if b is None or b.dtype != dtype or b.numel() < numel:
             self.bufs.pop(key, None)
-            b = huge_page_empty(numel + spare, dtype) if self.device == "cpu" else None
+            b = huge_page_empty(numel + spare, dtype, to_disk) if self.device == "cpu" else None
             if b is None:
                 b = torch.empty(max(numel + spare, 1), dtype=dtype, device=self.device)
             self.bufs[key] = b
             self.allocations += 1
         return b[:numel].view(tuple(shape))
 
-    def flat(self, key: str, numel: int, dtype, spare: int = 0):
+    def flat(self, key: str, numel: int, dtype, spare: int = 0, to_disk: bool = False):
         """:meth:`get` of a flat buffer (the one-pass loops' `buf(key, numel, dtype, spare)`)."""
-        return self.get(key, (numel,), dtype, spare)
+        return self.get(key, (numel,), dtype, spare, to_disk=to_disk)
 
     def holds(self, key: str, numel: int, dtype) -> int:
         """The size (elements) of buffer `key` where it exists and takes `numel` elements of `dtype` without
@@ -373,7 +374,7 @@ class BufferPool:
 _HUGE_PAGE = 1 << 21  # a transparent huge page on x86-64 (and arm64 with 4 KB pages)
 
 
-def huge_page_empty(numel: int, dtype):
+def huge_page_empty(numel: int, dtype, to_disk: bool = False):
     """An uninitialised CPU tensor of `numel` elements on anonymous memory of its own whose 2 MB-aligned span the
     kernel is asked to back with transparent huge pages (madvise MADV_HUGEPAGE: THP's "madvise" mode, this
     host's, serves only such regions), for the pool's buffers of 4 MB or more; None for smaller ones or where
@@ -381,14 +382,17 @@ def huge_page_empty(numel: int, dtype):
     first write it: a TIES merge of the engine benchmark's files (base + 4 x 0.98 GB bf16, whole-tensor output
     slots) took 154K page faults and 0.39-0.50 s of system CPU in a fresh process, 14.5K and 0.25-0.36 s with huge
     pages (docs/merge-engine.md, Decisions). Where the kernel has none to give, plain pages back it as before.
-    None too where the kernel reports free 2 MB blocks to a hypervisor (:func:`_huge_blocks_reported`)."""
+    None too where the kernel reports free 2 MB blocks to a hypervisor (:func:`_huge_blocks_reported`), except
+    for a buffer the writer sends `to_disk` (an output slot): written with O_DIRECT from plain pages, a task
+    arithmetic merge of the benchmark's single files took 0.83-1.14 s against 0.66-0.68 s, the same CPU time, 3
+    fresh processes each (our inference: the disk's requests gather fewer, larger pieces from 2 MB pages)."""
     import mmap
 
     import numpy as np
     import torch
 
     size = numel * dtype.itemsize
-    if size < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or _huge_blocks_reported():
+    if size < 2 * _HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or (not to_disk and _huge_blocks_reported()):
         return None
     # private anonymous memory (a shared map would be shmem, which THP's "madvise" mode leaves out), page-aligned:
     # one huge page more to align the span
@@ -409,12 +413,12 @@ def _huge_blocks_reported() -> bool:
     """Whether this guest's kernel reports free blocks of a huge page's size to its hypervisor, which discards
     them (virtio-balloon's free page reporting from order 9 or below: :func:`core.envinfo.free_page_reporting`).
     Every huge page is such a block, so once a freed one is reported (2 s after it is freed) its first write goes
-    to the hypervisor: the pool's buffers then take plain pages, most of which come from blocks too small to be
-    reported. On the Intel host of session 47 (reporting from order 9), 354 MB written once in a fresh process,
-    2.5-4 s after the last: huge pages 0.37-0.50 GB/s in 7 of 7 processes, plain pages 0.41-2.85 GB/s (1.0-2.85 in
-    3 of 4); the top-k merges of the benchmark's single files, whose two whole-tensor output slots and entries are
-    354 MB of such memory, ran faster on plain pages in 10 of 12 pairs of fresh processes (TIES 1.56-1.99 s against
-    1.67-1.85, CA-magnitude 1.49-1.59 against 1.66-1.86), HF folders (252-362 MB) alike either way. Read once."""
+    to the hypervisor: the pool's buffers other than the output slots then take plain pages, most of which come
+    from blocks too small to be reported. On the Intel host of session 47 (reporting from order 9), 354 MB written
+    once in a fresh process, 2.5-4 s after the last: huge pages 0.37-0.50 GB/s in 7 of 7 processes, plain pages
+    0.41-2.85 GB/s (1.0-2.85 in 3 of 4). The top-k merges of the benchmark's single files (their entries 92 MB of
+    such memory), 3 pairs of fresh processes each: TIES 1.57-1.72 s against 1.66-2.00, Breadcrumbs 1.58-1.62
+    against 1.66-1.96, CA-magnitude 1.51-1.65 against 1.59-1.78; task arithmetic the same. Read once."""
     global _REPORTED
     if _REPORTED is None:
         from ..core.envinfo import free_page_reporting
@@ -1216,7 +1220,7 @@ def _slot_chunk(pool: BufferPool, w, slot: int, name: str, a: int, b: int, dtype
     copying them through its staging buffer (taskvec.writers._DirectFile). The buffer has a block to spare; where
     no such view exists (torch files, an offset that is not a multiple of the dtype's size), its start."""
     size = dtype.itemsize
-    buf = pool.flat(f"out{slot}", _slot_numel(a, b, dtype), dtype)
+    buf = pool.flat(f"out{slot}", _slot_numel(a, b, dtype), dtype, to_disk=True)
     where = w.byte_offset(name, a)
     shift = 0
     if where is not None:
