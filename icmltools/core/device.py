@@ -156,8 +156,9 @@ def _wide_vectors(numba) -> bool:
     512-bit vectors ran them faster on the two AVX-512 hosts measured (a Rocket Lake and an Emerald Rapids:
     docs/merge-engine.md), e.g. the in-memory TIES merge of 2^24 elements x 4 bf16 models 3.80-4.12 ns per
     element against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, new with Ice Lake's cores:
-    the Emerald Rapids host reports it, Rocket Lake's cores are Ice Lake's (by Intel's lists; that host was not
-    checked for it), and the Skylake / Cascade Lake Xeons (the clock drops; not measured here) lack it. AMD's Zen 4
+    the Emerald Rapids host reports it, and so does a host LLVM names Rocket Lake (session 47: a Xeon VM whose CPUID
+    model is Rocket Lake's, with AMX), and the Skylake / Cascade Lake Xeons (the clock drops; not measured here)
+    lack it. AMD's Zen 4
     has it too; on the Zen 4 host measured, LLVM's own tuning ran the merges no differently within the noise. Only
     LLVM's tuning changes: the loops have no fastmath and no float reductions, so the results are bitwise the same.
     The setting is numba's, for the whole process (numba code compiled later in it follows it); it is left alone

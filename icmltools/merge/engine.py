@@ -385,7 +385,8 @@ def huge_page_empty(numel: int, dtype, to_disk: bool = False):
     None too where the kernel reports free 2 MB blocks to a hypervisor (:func:`_huge_blocks_reported`), except
     for a buffer the writer sends `to_disk` (an output slot): written with O_DIRECT from plain pages, a task
     arithmetic merge of the benchmark's single files took 0.83-1.14 s against 0.66-0.68 s, the same CPU time, 3
-    fresh processes each (our inference: the disk's requests gather fewer, larger pieces from 2 MB pages)."""
+    fresh processes each (session 47's disk took 254 pieces of memory and 4 MB a request: from 4 KB pages a
+    request carries 1 MB at most, our inference of the cause)."""
     import mmap
 
     import numpy as np
@@ -417,7 +418,7 @@ def _huge_blocks_reported() -> bool:
     from blocks too small to be reported. On the Intel host of session 47 (reporting from order 9), 354 MB written
     once in a fresh process, 2.5-4 s after the last: huge pages 0.37-0.50 GB/s in 7 of 7 processes, plain pages
     0.41-2.85 GB/s (1.0-2.85 in 3 of 4). The top-k merges of the benchmark's single files (their entries 92 MB of
-    such memory), 3 pairs of fresh processes each: TIES 1.57-1.72 s against 1.66-2.00, Breadcrumbs 1.58-1.62
+    such memory), 3 pairs of fresh processes each: TIES 1.57-1.72 s against 1.66-2.00, Breadcrumbs 1.57-1.62
     against 1.66-1.96, CA-magnitude 1.51-1.65 against 1.59-1.78; task arithmetic the same. Read once."""
     global _REPORTED
     if _REPORTED is None:
