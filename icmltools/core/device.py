@@ -151,20 +151,19 @@ def _wide_vectors(numba) -> bool:
     """Let LLVM vectorise numba's loops 512 bits wide on a CPU with AVX-512 from Ice Lake on, before numba's
     first compile in the process; True where that is (or was already) set (:func:`numba_wide_vectors`).
 
-    LLVM tunes Intel's AVX-512 CPUs to prefer 256-bit vectors (`prefer-256-bit`: older ones lower their clock
-    under 512-bit code), so our loops used half the width of the registers. They are element-wise streams, and
-    512-bit vectors ran them faster on the two AVX-512 hosts measured (a Rocket Lake and an Emerald Rapids:
-    docs/merge-engine.md), e.g. the in-memory TIES merge of 2^24 elements x 4 bf16 models 3.80-4.12 ns per
-    element against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, new with Ice Lake's cores:
-    the Emerald Rapids host reports it, and so does a host LLVM names Rocket Lake (session 47: a Xeon VM whose CPUID
-    model is Rocket Lake's, with AMX), and the Skylake / Cascade Lake Xeons (the clock drops; not measured here)
-    lack it. AMD's Zen 4
-    has it too; on the Zen 4 host measured, LLVM's own tuning ran the merges no differently within the noise. Only
-    LLVM's tuning changes: the loops have no fastmath and no float reductions, so the results are bitwise the same.
-    The setting is numba's, for the whole process (numba code compiled later in it follows it); it is left alone
-    where the user chose a CPU or its features (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES: NUMBA_CPU_FEATURES set to the
-    host's keeps LLVM's tuning) and once numba's code generator exists (other numba code compiled first). numba keys
-    its cache by the features, so the two settings never load each other's code."""
+    LLVM tunes Intel's AVX-512 CPUs to prefer 256-bit vectors (`prefer-256-bit`: older ones lower their clock under
+    512-bit code), so our loops used half the width of the registers. They are element-wise streams, and 512-bit
+    vectors ran them faster on the two AVX-512 hosts measured (a Rocket Lake and an Emerald Rapids:
+    docs/merge-engine.md), e.g. the in-memory TIES merge of 2^24 elements x 4 bf16 models 3.80-4.12 ns per element
+    against 4.51-5.91 (one thread, alternated). The gate is AVX512-VBMI2, new with Ice Lake's cores: the Emerald
+    Rapids host reports it, and so does a host LLVM names Rocket Lake (session 47: a Xeon VM whose CPUID model is
+    Rocket Lake's, with AMX), and the Skylake / Cascade Lake Xeons (the clock drops; not measured here) lack it.
+    AMD's Zen 4 has it too; on the Zen 4 host measured, LLVM's own tuning ran the merges no differently within the
+    noise. Only LLVM's tuning changes: the loops have no fastmath and no float reductions, so the results are
+    bitwise the same. The setting is numba's, for the whole process (numba code compiled later in it follows it); it
+    is left alone where the user chose a CPU or its features (NUMBA_CPU_NAME, NUMBA_CPU_FEATURES: NUMBA_CPU_FEATURES
+    set to the host's keeps LLVM's tuning) and once numba's code generator exists (other numba code compiled first).
+    numba keys its cache by the features, so the two settings never load each other's code."""
     global _WIDE_FEATURES
     config = numba.config
     if _wide_in(config):
