@@ -425,7 +425,7 @@ def _huge_blocks_reported() -> bool:
         from ..core.envinfo import free_page_reporting
 
         order = free_page_reporting()
-        _REPORTED = order is not None and order <= (_HUGE_PAGE >> 12).bit_length() - 1
+        _REPORTED = order is not None and order <= (_HUGE_PAGE // 4096).bit_length() - 1  # 9: 2 MB in 4 KB pages
     return _REPORTED
 
 
