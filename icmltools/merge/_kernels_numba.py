@@ -2684,7 +2684,7 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf
     a select, not a float conversion. AMD Zen 3 (AVX2), two threads, the deferred pass on an MLP tensor called
     again in the merge's process, the previous code alternated with it in the same process (a copy of the module
     under another name): 0.806-0.893x the time for TIES on single files, 0.844-0.861x magnitude on HF folders,
-    0.920-0.927x Breadcrumbs (medians of 5 pairs, two processes each).
+    0.920-0.927x Breadcrumbs (medians of 4-5 pairs; TIES three processes, the others two).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
     DARE-TIES 0.74 (model by model over scratch rows: 0.92, 0.92, 0.91, 1.15), measured before the loop counted
