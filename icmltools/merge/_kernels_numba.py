@@ -2678,12 +2678,12 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf
     those with |x_k| == tv2[k] (zeros without tv2; Breadcrumbs' deferred pass: its elements from his2[k] on),
     the positions with a window bit (0 without windows)).
 
-    The positions with a window bit are counted from the models' window bools, not from the mark byte (numba
-    widens the uint8 marks' OR to 64 bits, and a compare of it kept the loop's marks in 64-bit lanes: AVX2 code
-    zero-extended and shifted them in four 64-bit vectors per eight elements), and TIES' sign of a zero sum is
-    a select, not a float conversion. AMD Zen 3 (AVX2), two threads, the deferred pass on an MLP tensor called
-    again in the merge's process, the previous code alternated with it in the same process (a copy of the module
-    under another name): 0.806-0.893x the time for TIES on single files, 0.844-0.861x magnitude on HF folders,
+    The positions with a window bit are counted from the models' window bools, not from the mark byte (numba widens
+    the uint8 marks' OR to 64 bits, and a compare of it kept the loop's marks in 64-bit lanes: TIES' AVX2 loop
+    zero-extended each model's marks into two 64-bit vectors per eight elements), and TIES' sign of a zero sum is a
+    select, not a float conversion. AMD Zen 3 (AVX2), two threads, the deferred pass on an MLP tensor called again
+    in the merge's process, the previous code alternated with it in the same process (a copy of the module under
+    another name): 0.806-0.893x the time for TIES on single files, 0.844-0.861x magnitude on HF folders,
     0.920-0.927x Breadcrumbs (medians of 4-5 pairs; TIES three processes, the others two).
 
     One thread, 4 bf16 models of 2^25 elements, per model and element: sum 0.47 ns, TIES 0.76, DARE 0.46,
