@@ -20,7 +20,8 @@ preferred (AVX-512 hosts from Ice Lake on: `core.device.numba_wide_vectors`). `t
 kernel's THP mode (the engine's large buffers ask for huge pages, which "madvise" and "always" serve; "never" and
 None: plain pages, more page faults for the one-pass top-k methods' whole tensors).
 `free_page_reporting_order`: where not None, the kernel hands free blocks of that order and larger to its
-hypervisor, and at 9 or below the engine's buffers take plain pages instead (`engine._huge_blocks_reported`).
+hypervisor, and at 9 or below the engine's buffers other than the output slots take plain pages instead
+(`engine._huge_blocks_reported`; the slots keep huge pages for the writer's O_DIRECT).
 `--repeat R` runs R rounds over every row and keeps each row's fastest run (a shared host's noise only slows a
 run; every run's seconds are listed). Prints one JSON document.
 """
