@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -1102,6 +1103,60 @@ def test_one_pass_dare_after_a_chunk_that_falls_back_draws_the_same_numbers(tmp_
         assert slow[1]
         return
     pytest.fail("no dropped position found")
+
+
+@needs_numba
+def test_keep32_keeps_the_set_bits_and_stores_whole_vectors_without_avx512():
+    """_keep32 / _keep32m zero the slots of a block of 32 whose bit is clear and leave the others (NaN, -0.0 and
+    inf included), mark the kept ones in `taken` (_keep32m: OR, earlier marks stay) and return the bits of the slots
+    left nonzero (NaN nonzero, -0.0 not); neighbours untouched. Where numba's target is x86 without AVX-512, a
+    loop calling them stores whole vectors: no masked store (vmaskmovps / vpmaskmovd, many micro-ops on AMD's
+    Zen 3), which LLVM makes of a store of select(m, load p, 0) back to p."""
+    import numba
+
+    km = K._mod()
+    from icmltools.core.device import numba_target_has
+
+    keep32, keep32m = km._keep32, km._keep32m  # intrinsics: called from compiled code only
+    fns = (numba.njit(cache=False)(lambda x, o, t, b: keep32(x, o, t, b)),
+           numba.njit(cache=False)(lambda x, o, t, b: keep32m(x, o, t, b)))
+    g = np.random.default_rng(7)
+    for trial in range(200):
+        o = int(g.integers(0, 40))
+        x = g.standard_normal(o + 40).astype(np.float32)
+        x[g.random(o + 40) < 0.1] = 0.0
+        x[o + int(g.integers(0, 32))] = [np.nan, -0.0, np.inf, -np.inf][trial % 4]
+        taken = g.random(o + 40) < 0.2
+        bits = np.uint32(g.integers(0, 1 << 32)) if trial % 7 else np.uint32([0, 0xFFFFFFFF][trial % 2])
+        keep = ((int(bits) >> np.arange(32)) & 1).astype(bool)
+        for mark, fn in zip((False, True), fns):
+            xx, tt = x.copy(), taken.copy()
+            got = fn(xx, o, tt, bits)
+            want = x.copy()
+            want[o:o + 32] = np.where(keep, x[o:o + 32], np.float32(0.0))
+            assert np.array_equal(xx.view(np.uint32), want.view(np.uint32)), (trial, mark)
+            wt = taken.copy()
+            if mark:
+                wt[o:o + 32] |= keep
+            assert np.array_equal(tt, wt), (trial, mark)
+            nz = want[o:o + 32] != 0
+            assert int(got) == int(np.sum(nz.astype(np.uint64) << np.arange(32, dtype=np.uint64))), (trial, mark)
+    if not numba_target_has("avx2") or numba_target_has("avx512f"):
+        pytest.skip("numba's target is not x86 with AVX2 and without AVX-512: masked stores are not avoided there")
+
+    @numba.njit(cache=False)
+    def keep_all(x, taken, bits):
+        c = np.uint32(0)
+        for b in range(bits.shape[0]):
+            c ^= keep32m(x, 32 * b, taken, bits[b])
+        return c
+
+    x, taken, bits = np.ones(64, np.float32), np.zeros(64, np.bool_), np.array([5, 7], np.uint32)
+    keep_all(x, taken, bits)
+    asm = keep_all.inspect_asm(keep_all.signatures[0])
+    stores = re.findall(r"v(?:p)?maskmov\w+\s+%[xy]mm\d+,\s*%[xy]mm\d+,\s*\S*\(", asm)
+    assert not stores, stores
+    assert x[:3].tolist() == [1.0, 0.0, 1.0] and taken[32:35].tolist() == [True, True, True]
 
 
 @needs_numba

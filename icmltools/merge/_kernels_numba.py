@@ -1015,6 +1015,17 @@ def _ptr(builder, arr, off, ty):
     return builder.bitcast(builder.gep(arr.data, [off]), ty.as_pointer())
 
 
+def _laundered(builder, p):
+    """p through an empty inline asm: the same address, which LLVM can no longer tell is p. A store of
+    select(m, load p, 0) back to p is otherwise made a masked store of the zeros (vmaskmovps / vpmaskmovd), which
+    AMD's Zen 3 runs as many micro-ops; to another pointer it is a whole vector store."""
+    from llvmlite import ir
+
+    i64 = ir.IntType(64)
+    q = builder.asm(ir.FunctionType(i64, [i64]), "", "=r,0", [builder.ptrtoint(p, i64)], False)
+    return builder.inttoptr(q, p.type)
+
+
 def _splat(builder, value, vt):
     """The vector of type vt with `value` in every lane."""
     from llvmlite import ir
@@ -1166,6 +1177,7 @@ def _keep32_of(mark: bool):
         _kept_bits tests: NaN is nonzero, -0.0 is not). No bounds check: the caller's rows hold the block."""
         if not (_c_rows(x, taken) and x.dtype == types.float32 and taken.dtype == types.boolean):
             return None
+        whole = not numba_target_has("avx512f")  # the store kept whole: no masked store (see _laundered)
 
         def codegen(context, builder, signature, args):
             from llvmlite import ir
@@ -1185,7 +1197,7 @@ def _keep32_of(mark: bool):
                 px = _ptr(builder, xa, off, vf)
                 zf = ir.Constant(vf, [ir.Constant(ir.FloatType(), 0.0)] * 16)
                 kept = builder.select(m, builder.load(px, align=4), zf)
-                builder.store(kept, px, align=4)
+                builder.store(kept, _laundered(builder, px) if whole else px, align=4)
                 nz = builder.zext(builder.bitcast(builder.fcmp_unordered("!=", kept, zf), ir.IntType(16)), i32)
                 nzm = builder.or_(nzm, builder.shl(nz, ir.Constant(i32, 16 * h)) if h else nz)
                 if mark:
