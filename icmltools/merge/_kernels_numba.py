@@ -3968,7 +3968,7 @@ def ca_merge_scan(base, raws, his, los, wds, ws, out, oraw, sc, emit, pos, pat, 
     return res[:, 0].max(), ab.sum(axis=0), starts, res[:, 1].copy(), res[:, 2].sum(), hist, res[:, 3].max()
 
 
-@_jit
+@(_jit if numba_target_has("avx512f") else _jit_once)  # 16 vector registers: LLVM's interleave spilled (Decisions)
 def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, emit, pos, pat, vals, cap, ab, h4,
                     res):
     """Piece p of T of ca_merge_scan (serial, run by _run_pieces): (non-finite flag, end of its entries or -1,
