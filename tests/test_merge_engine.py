@@ -1143,7 +1143,7 @@ def test_keep32_keeps_the_set_bits():
 @needs_numba
 def test_keep32_stores_whole_vectors_without_avx512():
     """Where numba's target is x86 with AVX2 and without AVX-512, a loop calling _keep32m stores whole vectors: no
-    masked store (vmaskmovps / vpmaskmovd, many micro-ops on AMD's Zen 3), which LLVM makes of a store of
+    masked store (vmaskmovps / vpmaskmovd, slow on AMD's Zen 3: see _laundered), which LLVM makes of a store of
     select(m, load p, 0) back to p."""
     import numba
 

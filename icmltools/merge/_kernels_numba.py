@@ -1017,8 +1017,9 @@ def _ptr(builder, arr, off, ty):
 
 def _laundered(builder, p):
     """p through an empty inline asm: the same address, which LLVM can no longer tell is p. A store of
-    select(m, load p, 0) back to p is otherwise made a masked store of the zeros (vmaskmovps / vpmaskmovd), which
-    AMD's Zen 3 runs as many micro-ops; to another pointer it is a whole vector store."""
+    select(m, load p, 0) back to p is otherwise made a masked store of the zeros (vmaskmovps / vpmaskmovd), slow on
+    AMD's Zen 3 (perf's samples and an A/B: docs/merge-engine.md, Decisions); to another pointer it is a whole
+    vector store."""
     from llvmlite import ir
 
     i64 = ir.IntType(64)
