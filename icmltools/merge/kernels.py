@@ -202,12 +202,14 @@ WINDOW_MIN = 1 << 21  # smaller tensors: the low pass is short, no sample
 _SAMPLE_BLOCKS, _SAMPLE_WIDTH = 256, 256  # the sample: 256 runs of 256 elements, evenly spaced (2^16 elements)
 
 
-def _sample_starts(n: int):
+def _sample_starts(n: int, blocks: int | None = None):
     """The first element of each of the sample's runs over a tensor of n elements (evenly spaced, the last at
-    its end): for radix_select_tau, topk_merge_deferred and ca_thresholds alike."""
+    its end): `blocks` runs (_SAMPLE_BLOCKS where None: radix_select_tau and ca_thresholds; topk_merge_deferred
+    takes _DEFER_SAMPLE_BLOCKS)."""
     import numpy as np
 
-    return (np.arange(_SAMPLE_BLOCKS, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (_SAMPLE_BLOCKS - 1)
+    blocks = _SAMPLE_BLOCKS if blocks is None else blocks
+    return (np.arange(blocks, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (blocks - 1)
 
 
 _WINDOW_MOST = 6  # buckets per window
@@ -612,6 +614,11 @@ DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thre
 # pages each as it ends (2^22 before session 43, released per segment: 0.03 s more per merge of the benchmark's files)
 _DEFER_SEGMENT = 1 << 24
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
+# the deferred pass's sample: 512 runs of _SAMPLE_WIDTH (2^17 elements). Its windows are the sample's quantiles 4
+# standard errors either side of each k, so twice the sample narrows them by about 1/sqrt(2) and the pass stores
+# fewer entries, which its select and fix then handle (session 50, Decisions: the benchmark's TIES windows held
+# 5.8 % of the elements with 256 runs, 4.3 % with 512; the scan's and CA-magnitude's samples stay 256 runs)
+_DEFER_SAMPLE_BLOCKS = 512
 
 
 def _windows_of(counts, ks, n: int):
@@ -700,9 +707,9 @@ def topk_merge_deferred(base, raws, ks, keep_ties: bool, weights, consensus: int
     if not DEFER_MIN <= n < 1 << 31 or not all(0 < k < n for k in kk[0] + kk[1]) or K > 8:
         return None
     km = _mod()
-    size = _SAMPLE_BLOCKS * _SAMPLE_WIDTH
+    size = _DEFER_SAMPLE_BLOCKS * _SAMPLE_WIDTH
     counts = np.empty((K, 1 << 15), np.int64)
-    km.sample_hi_models(b, rs, _sample_starts(n), _SAMPLE_WIDTH, counts)
+    km.sample_hi_models(b, rs, _sample_starts(n, _DEFER_SAMPLE_BLOCKS), _SAMPLE_WIDTH, counts)
     los, wds, top_at, share = [[], []], [[], []], [], 0.0
     for k in range(K):
         got = _windows_of(counts[k], [kk[0][k]] + ([kk[1][k]] if band else []), n)
