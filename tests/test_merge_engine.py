@@ -1538,6 +1538,52 @@ def test_marked_entries_packed_in_registers_equal_the_listed_ones():
 
 
 @needs_numba
+@pytest.mark.parametrize("k_models", [2, 4])
+def test_fused_loop_flags_what_is_not_finite_kept_or_not(k_models):
+    """The fused loop's non-finite flag (top-k: from the largest |x_k|'s bits, no x_k held to the loop's end) is 1
+    for a NaN task-vector element (no threshold keeps it: it never reaches the sum), for an inf (kept), for finite
+    values whose weighted sum overflows, and 0 for finite ones: the plain top-k loop, the deferred pass's (windows)
+    and Breadcrumbs' (windows and its top), the sum and TIES."""
+    import numba
+
+    km = K._mod()
+
+    @numba.njit
+    def run(bs, rs, consensus, which, o, pt, pw):
+        k = len(rs)
+        tv, tf, one = np.full(k, 0.5, np.float32), np.ones(k, np.bool_), np.ones(k, np.float32)
+        lo, wd = np.full(k, 0x3E000000, np.uint32), np.full(k, 0x00800000, np.uint32)
+        if which == 0:
+            return km._fused_span(bs, rs, None, tv, tf, one, one, consensus, True, o, pt, None, None, None, None,
+                                  None)[0]
+        if which == 1:
+            return km._fused_span(bs, rs, None, tv, tf, one, one, consensus, True, o, pt, None, None, lo, wd,
+                                  pw)[0]
+        tv2 = np.full(k, np.inf, np.float32)
+        top = np.full(k, 0x7F800000, np.uint32)
+        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, tv2, tf, (lo, lo, top), (wd, wd),
+                              pw)[0]
+
+    n = 67
+    g = np.random.default_rng(k_models)
+    base = np.zeros(n, np.float32)
+    finite = [(g.standard_normal(n) * 0.6).astype(np.float32) for _ in range(k_models)]
+    o, pt, pw = np.empty(n, np.float32), np.empty(n, np.uint8), np.empty(n, np.uint8)
+    for which, consensus in ((0, False), (0, True), (1, False), (1, True), (2, False)):
+        case = (which, consensus)
+        assert run(base, tuple(finite), consensus, which, o, pt, pw) == 0, case
+        for bad in (np.nan, np.inf, -np.inf):
+            rs = [r.copy() for r in finite]
+            rs[-1][41] = bad
+            rs[0][41] = 0.1  # dropped by its threshold (0.5)
+            assert run(base, tuple(rs), consensus, which, o, pt, pw) == 1, (case, bad)
+        big = [r.copy() for r in finite]
+        for r in big:
+            r[5] = 3e38  # each kept and finite; their sum is not
+        assert run(base, tuple(big), consensus, which, o, pt, pw) == 1, case
+
+
+@needs_numba
 def test_window_bits_mark_the_models_inside_their_windows():
     """The deferred pass's fused loop marks, exactly, bit k where model k's |tau| has float32 bits in [los[k],
     los[k] + wds[k]) (both signs, the window's last value in, its end out) and counts the positions marked; with

@@ -2686,7 +2686,8 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf
     _fused_src), in the same loop (0.92 -> 0.67 ns per model and element with a separate loop's, one thread, 4
     bf16 models). That pass keeps every tie (tf, and tf2, all True: |x_k| >= tv[k], one comparison) and counts
     none (in-process merges, 2 threads, alternated: TIES 1.18-1.23 -> 1.14-1.19 s, magnitude 1.03-1.13 ->
-    1.01-1.10). Returns (non-finite flag (see _nf), nonzeros of the result (consensus: of the divisor), the
+    1.01-1.10). Returns (non-finite flag: 1 where an x_k, the sum or the result is not finite (top-k: from the
+    largest |x_k|'s bits; DARE: see _nf), else 0, nonzeros of the result (consensus: of the divisor), the
     top-k ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE and windows: zeros),
     those with |x_k| == tv2[k] (zeros without tv2; Breadcrumbs' deferred pass: its elements from his2[k] on),
     the positions with a window bit (0 without windows)).
@@ -2777,7 +2778,13 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add("            wb = " + " | ".join(f"(np.uint8({1 << k}) if i{k} else np.uint8(0))" for k in range(K)))
             add("            pw[j] = wb")
             add("            cw = _inc(cw, " + " | ".join(f"i{k}" for k in range(K)) + ")")  # bools: 32-bit lanes
-        add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+        if dare:
+            add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
+        else:  # the largest |x_k|'s bits: _EXP or more where one is not finite (no x_k kept to the end for _nf)
+            cs = "_f32_as_u32(a0)"
+            for k in range(1, K):
+                cs = f"max({cs}, _f32_as_u32(a{k}))"
+            add("            c = " + cs)
         add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
                                             for k in range(K)))
         add("            t = v0 * w0")
@@ -2785,7 +2792,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add(f"            t = t + v{k} * w{k}")
         if not consensus:
             add("            o[j] = t")
-            add("            bad = max(bad, _flag(c + _nf(t)))")
+            add("            bad = max(bad, _flag(c + _nf(t)))" if dare else "            bad = max(bad, max(c, _flag(_nf(t))))")
             add("            nz = _inc(nz, t != zero)")
             continue
         add("            sg = np.float32(t > zero) - np.float32(t < zero) + (pz if t == zero else zero)")
@@ -2800,7 +2807,9 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
         add("            if normalize:")
         add("                acc = acc / (one if div == zero else div)")
         add("            o[j] = acc")
-        add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))")
+        add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))" if dare
+            else "            bad = max(bad, max(c, _flag(_nf(t) + _nf(acc))))")
+    add("    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)")  # _flag's bits (_EXP or more: not finite)
     add("    return bad, np.int64(nz), (q0, q1, q2, q3), (q4, q5, q6, q7), np.int64(cw)")
     return "\n".join(lines) + "\n"
 
