@@ -1552,17 +1552,18 @@ def test_fused_loop_flags_what_is_not_finite_kept_or_not(k_models):
     def run(bs, rs, consensus, which, o, pt, pw):
         k = len(rs)
         tv, tf, one = np.full(k, 0.5, np.float32), np.ones(k, np.bool_), np.ones(k, np.float32)
+        s32 = np.empty((2, bs.shape[0]), np.uint32)
         lo, wd = np.full(k, 0x3E000000, np.uint32), np.full(k, 0x00800000, np.uint32)
         if which == 0:
             return km._fused_span(bs, rs, None, tv, tf, one, one, consensus, True, o, pt, None, None, None, None,
-                                  None)[0]
+                                  None, s32)[0]
         if which == 1:
-            return km._fused_span(bs, rs, None, tv, tf, one, one, consensus, True, o, pt, None, None, lo, wd,
-                                  pw)[0]
+            return km._fused_span(bs, rs, None, tv, tf, one, one, consensus, True, o, pt, None, None, lo, wd, pw,
+                                  s32)[0]
         tv2 = np.full(k, np.inf, np.float32)
         top = np.full(k, 0x7F800000, np.uint32)
         return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, tv2, tf, (lo, lo, top), (wd, wd),
-                              pw)[0]
+                              pw, s32)[0]
 
     n = 67
     g = np.random.default_rng(k_models)
@@ -1602,13 +1603,15 @@ def test_window_bits_mark_the_models_inside_their_windows():
     @numba.njit
     def fused(bs, rs, wl, ww, pw, o, pt):
         tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.ones(2, np.bool_), np.ones(2, np.float32)
-        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, None, None, wl, ww, pw)
+        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, None, None, wl, ww, pw,
+                              np.empty((2, bs.shape[0]), np.uint32))
 
     @numba.njit
     def fused_top(bs, rs, wl, ww, pw, o, pt):  # Breadcrumbs' pass, its top at inf: nothing dropped by it
         tv, tf, one = np.full(2, hi - 1, np.uint32).view(np.float32), np.ones(2, np.bool_), np.ones(2, np.float32)
         tv2 = np.full(2, 0x7F800000, np.uint32).view(np.float32)
-        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, tv2, tf, wl, ww, pw)
+        return km._fused_span(bs, rs, None, tv, tf, one, one, False, True, o, pt, tv2, tf, wl, ww, pw,
+                              np.empty((2, bs.shape[0]), np.uint32))
 
     none, zero = np.array([0xFFFFFFFF] * 2, np.uint32), np.zeros(2, np.uint32)
     # no second window, nothing counted; then a second window for a: [hi, hi + 1) (its last value hi), counted
@@ -2071,7 +2074,8 @@ def test_the_generated_span_loop_equals_pruning_rows_then_combining_them(k, dare
 
     @numba.njit
     def fused(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2):
-        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, None, None, None)
+        return km._fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, None, None, None,
+                              np.empty((2, bs.shape[0]), np.uint32))
 
     rng = np.random.default_rng(k + 10 * dare + 100 * band)
     n = 3000

@@ -2418,6 +2418,7 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
     tb = np.empty((K, _BLOCK), np.float32)
     scr = np.empty((3, _BLOCK), np.float32)
     pat = np.empty(_BLOCK, np.uint8)
+    s32 = np.empty((2, _BLOCK), np.uint32)  # _fused_span's marks
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
     tv = _tv_of(modes, thrs)  # keep |tau| > tv[k], or >= where tf[k] (DARE: tf[k] keeps every element)
     tf = np.zeros(K, np.bool_)
@@ -2440,20 +2441,20 @@ def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks
         dst = _span(ob, 0, L) if emit else _span(out, s, e)
         if dare:
             b, z, _, _, _ = _fused_span(_span(base, s, e), rs, _rows(masks, raws, s, e), tv, tf, dv, wv, consensus,
-                                        normalize, dst, _span(pat, 0, L), None, None, None, None, None)
+                                        normalize, dst, _span(pat, 0, L), None, None, None, None, None, s32)
             _count_bytes(_span(pat, 0, L), h4)
         elif not (_quota_ends(modes, alls, lefts, seen, L) or _band_ends(band, seen2, L)):
             for k in range(K):  # every tie kept (seen + L <= left) or none (seen >= left): counted as it goes
                 tf[k] = modes[k] == 2 and (alls[k] or seen[k] + L <= lefts[k])
             _band_flags(band, seen2, L, tf2)
             b, z, packed, packed2, _ = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize,
-                                                   dst, _span(pat, 0, L), tv2, tf2, None, None, None)
+                                                   dst, _span(pat, 0, L), tv2, tf2, None, None, None, s32)
             _add_ties(modes, packed, seen)
             _band_add(band, packed2, seen2)
             _count_bytes(_span(pat, 0, L), h4)
         else:
             b, z = _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted,
-                                  consensus, normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2)
+                                  consensus, normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2, s32)
         bad += b
         nz += z
         if emit:
@@ -2483,7 +2484,7 @@ def _add_ties(modes, packed, seen):
 
 @_jit
 def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted, consensus,
-                   normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2):
+                   normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2, s32):
     """One top-k block [s, e) where a quota of ties may run out: its ties counted first; where one does, the block
     goes model by model (each tau pruned in a scratch row by its TopK, then combined), else the fused loop with
     each model keeping all or none of its ties. Returns (non-finite flag, nonzeros)."""
@@ -2507,7 +2508,7 @@ def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf,
     _add_ties(modes, packed, seen)
     _band_add(band, packed2, seen2)
     b, z, _, _, _ = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize, dst,
-                                _span(pat, 0, L), tv2, tf2, None, None, None)
+                                _span(pat, 0, L), tv2, tf2, None, None, None, s32)
     _count_bytes(_span(pat, 0, L), h4)
     return b, z
 
@@ -2672,25 +2673,25 @@ def _defined(src: str):
     return fn
 
 
-def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw):
-    """One span of every model combined element by element, the models written out (generated for their count
-    and for DARE (ms: the mask rows) or top-k (ms None) when compiled: a loop over a tuple of models indexed at
-    run time stayed scalar, 2.9-18 ns per model and element for DARE, measured). Model k's value
-    x_k = rs[k] - bs is kept where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where
-    ms[k] != 0 or tf[k] (DARE); then the weighted sum, or TIES' sign election and disjoint (weighted) mean
-    (consensus), in the float32 operations and order of _combine_block; pt[j] = which models kept element j
-    (bits). With Breadcrumbs' second thresholds (tv2, tf2; None otherwise) x_k is kept only where it is not in
-    the top as well (|x_k| > tv2[k], or == with tf2[k]). With windows (wl, ww: uint32 arrays, pw: a uint8 row;
-    None otherwise; the deferred pass of magnitude, TIES and Breadcrumbs) it marks pw[j] = the models whose
-    |x_k|'s bits u lie in their window (u - wl[k] < ww[k], unsigned; Breadcrumbs: or in its top's, see
-    _fused_src), in the same loop (0.92 -> 0.67 ns per model and element with a separate loop's, one thread, 4
-    bf16 models). That pass keeps every tie (tf, and tf2, all True: |x_k| >= tv[k], one comparison) and counts
-    none (in-process merges, 2 threads, alternated: TIES 1.18-1.23 -> 1.14-1.19 s, magnitude 1.03-1.13 ->
+def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw, s32):
+    """One span of every model combined element by element, the models written out (generated for their count and for
+    DARE (ms: the mask rows) or top-k (ms None) when compiled: a loop over a tuple of models indexed at run time
+    stayed scalar, 2.9-18 ns per model and element for DARE, measured). Model k's value x_k = rs[k] - bs is kept
+    where |x_k| > tv[k] (or == with tf[k]) (top-k), or x_k / dv[k] kept where ms[k] != 0 or tf[k] (DARE); then the
+    weighted sum, or TIES' sign election and disjoint (weighted) mean (consensus), in the float32 operations and
+    order of _combine_block; pt[j] = which models kept element j (bits; made in s32's first row, a (2, n) uint32
+    scratch, then bytes). With Breadcrumbs' second thresholds (tv2, tf2; None otherwise) x_k is kept only where it
+    is not in the top as well (|x_k| > tv2[k], or == with tf2[k]). With windows (wl, ww: uint32 arrays, pw: a uint8
+    row; None otherwise; the deferred pass of magnitude, TIES and Breadcrumbs) it marks pw[j] = the models whose
+    |x_k|'s bits u lie in their window (u - wl[k] < ww[k], unsigned; Breadcrumbs: or in its top's, see _fused_src;
+    made in s32's second row), in the same loop (0.92 -> 0.67 ns per model and element with a separate loop's, one
+    thread, 4 bf16 models). That pass keeps every tie (tf, and tf2, all True: |x_k| >= tv[k], one comparison) and
+    counts none (in-process merges, 2 threads, alternated: TIES 1.18-1.23 -> 1.14-1.19 s, magnitude 1.03-1.13 ->
     1.01-1.10). Returns (non-finite flag: 1 where an x_k, the sum or the result is not finite (top-k: from the
-    largest |x_k|'s bits; DARE: see _nf), else 0, nonzeros of the result (consensus: of the divisor), the
-    top-k ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE and windows: zeros),
-    those with |x_k| == tv2[k] (zeros without tv2; Breadcrumbs' deferred pass: its elements from his2[k] on),
-    the positions with a window bit (0 without windows)).
+    largest |x_k|'s bits, _EXP or more; DARE: see _nf), else 0, nonzeros of the result (consensus: of the divisor),
+    the top-k ties: the elements with |x_k| == tv[k] per model, packed as _ties_span's (DARE and windows: zeros),
+    those with |x_k| == tv2[k] (zeros without tv2; Breadcrumbs' deferred pass: its elements from his2[k] on), the
+    positions with a window bit (0 without windows)).
 
     The positions with a window bit are counted from the models' window bools, not from the mark byte (numba widens
     the uint8 marks' OR to 64 bits, and a compare of it kept the loop's marks in 64-bit lanes: TIES' AVX2 loop
@@ -2707,7 +2708,7 @@ def _fused_span(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf
 
 
 @overload(_fused_span)
-def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw):
+def _fused_span_impl(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw, s32):
     return _defined(_fused_src(len(rs), not isinstance(ms, types.NoneType), not isinstance(tv2, types.NoneType),
                                not isinstance(wl, types.NoneType)))
 
@@ -2756,7 +2757,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
     and windows (Breadcrumbs' deferred pass): wl = (los, los2, his2), ww = (wds, wds2), both windows marked and
     each model's elements from his2[k] on counted, packed as the second ties (see _folded)."""
     assert not (windows and dare)
-    lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw):",
+    lines = ["def f(bs, rs, ms, tv, tf, dv, ws, consensus, normalize, o, pt, tv2, tf2, wl, ww, pw, s32):",
              "    cw = np.int32(0)",
              "    zero = np.float32(0.0)",
              "    one = np.float32(1.0)",
@@ -2767,6 +2768,9 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
     add = lines.append
     for k in range(K):
         lines += _fused_hoisted(k, dare, band, windows)
+    # the marks into uint32 rows, made bytes after the loop: LLVM narrows an OR of bools made uint8 to bytes and
+    # packs each model's compare to bytes first (AVX2: 3 instructions a model and row, more than the ORs)
+    lines += ["    n = bs.shape[0]", "    q32 = _rowspan(s32, 0, 0, n)", "    w32 = _rowspan(s32, 1, 0, n)"]
     for consensus in (False, True):
         add(f"    if {'' if consensus else 'not '}consensus:")
         add("        for j in range(bs.shape[0]):")
@@ -2775,8 +2779,8 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add(f"            x{k} = as_f32(r{k}, j) - b")
             lines += _fused_kept(k, dare, band, windows)
         if windows:
-            add("            wb = " + " | ".join(f"(np.uint8({1 << k}) if i{k} else np.uint8(0))" for k in range(K)))
-            add("            pw[j] = wb")
+            add("            w32[j] = " + " | ".join(f"(np.uint32({1 << k}) if i{k} else np.uint32(0))"
+                                                 for k in range(K)))
             add("            cw = _inc(cw, " + " | ".join(f"i{k}" for k in range(K)) + ")")  # bools: 32-bit lanes
         if dare:
             add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
@@ -2785,14 +2789,15 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             for k in range(1, K):
                 cs = f"max({cs}, _f32_as_u32(a{k}))"
             add("            c = " + cs)
-        add("            pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
-                                            for k in range(K)))
+        add("            q32[j] = " + " | ".join(f"(np.uint32({1 << k}) if v{k} != zero else np.uint32(0))"
+                                             for k in range(K)))
         add("            t = v0 * w0")
         for k in range(1, K):
             add(f"            t = t + v{k} * w{k}")
         if not consensus:
             add("            o[j] = t")
-            add("            bad = max(bad, _flag(c + _nf(t)))" if dare else "            bad = max(bad, max(c, _flag(_nf(t))))")
+            add("            bad = max(bad, _flag(c + _nf(t)))" if dare
+                else "            bad = max(bad, max(c, _flag(_nf(t))))")
             add("            nz = _inc(nz, t != zero)")
             continue
         add("            sg = np.float32(t > zero) - np.float32(t < zero) + (pz if t == zero else zero)")
@@ -2809,6 +2814,11 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
         add("            o[j] = acc")
         add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))" if dare
             else "            bad = max(bad, max(c, _flag(_nf(t) + _nf(acc))))")
+    add("    for j in range(n):")
+    add("        pt[j] = np.uint8(q32[j])")
+    if windows:
+        add("    for j in range(n):")
+        add("        pw[j] = np.uint8(w32[j])")
     add("    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)")  # _flag's bits (_EXP or more: not finite)
     add("    return bad, np.int64(nz), (q0, q1, q2, q3), (q4, q5, q6, q7), np.int64(cw)")
     return "\n".join(lines) + "\n"
@@ -3098,6 +3108,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     pp = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
+    s32 = np.empty((2, _BLOCK), np.uint32)
     wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, pp)  # once: a tuple of arrays made per block counts them
     bad = 0
     nz = 0
@@ -3108,7 +3119,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
         rs = _slices(raws, s, e)
         dst = _span(ob, 0, L) if emit else _span(out, s, e)
         b, z, _, packed2, c = _fused_span(_span(base, s, e), rs, None, tv, tf, dv, wv, consensus, normalize, dst,
-                                          _span(pt, 0, L), tv2, tf2, wl, ww, pw)
+                                          _span(pt, 0, L), tv2, tf2, wl, ww, pw, s32)
         _above(tv2, packed2, ab)
         _count_bytes(_span(pt, 0, L), h4)
         bad += b
