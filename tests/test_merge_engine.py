@@ -1856,6 +1856,23 @@ def test_ca_merged_in_the_thresholds_pass_declines_what_it_cannot_do(monkeypatch
 
 
 @needs_numba
+def test_ca_merged_in_the_thresholds_pass_flags_a_nan_no_model_keeps():
+    """ca_merge_deferred's pass declines (None, after its pass) a tensor with a NaN on a slot an earlier model took:
+    no model keeps it, so it never reaches the sum, and the pass's flag (the largest |x_k|'s bits) names it; the
+    same tensor without the NaN merges."""
+    n, base, raws = _deferred_inputs(3, torch.bfloat16, seed=9, least=K.DEFER_MIN)
+    ks, ws = [n // 5] * 3, [1.0, 0.5, 2.0]
+    out = torch.empty(n)
+    at = int((raws[0].float() - base.float()).abs().argmax())  # model 0's largest |tau|: its slot taken first
+    assert K.ca_merge_deferred(base, raws, ks, ws, out) is not None
+    bad = raws[1].clone()
+    bad[at] = float("nan")
+    before = dict(K.CA_DEFERRED)
+    assert K.ca_merge_deferred(base, [raws[0], bad, raws[2]], ks, ws, out) is None
+    assert K.CA_DEFERRED == {"tried": before["tried"] + 1, "found": before["found"]}
+
+
+@needs_numba
 def test_engine_finds_ca_magnitude_thresholds_in_one_pass_bitwise(tmp_path, monkeypatch):
     """The engine's CA-magnitude merges a tensor of at least DEFER_MIN elements read from files in the pass that
     finds its thresholds (ca_merge_deferred), a small one model by model, and a tensor whose pass is declined by

@@ -3834,13 +3834,14 @@ def _ca_scan_piece(p, T, phase, base, raws, his, los, wds, pat, vals, cap, ab, r
     m = cap * p // T
     end = cap * (p + 1) // T
     pp = np.empty(_BLOCK, np.uint8)
+    s32 = np.empty((2, _BLOCK), np.uint32)  # the span's marks (see _ca_pass_src)
     idx = np.empty(_BLOCK, np.int64)
     abp = ab[p]  # the piece's row, taken once
     bad = 0
     for s in range(lo, hi, _BLOCK):
         e = min(hi, s + _BLOCK)
         rs = _slices(raws, s, e)
-        c, b = _ca_scan_span(_span(base, s, e), rs, his, los, wds, _span(pp, 0, e - s), abp)
+        c, b = _ca_scan_span(_span(base, s, e), rs, his, los, wds, _span(pp, 0, e - s), abp, s32)
         bad += b
         if c == 0:
             continue
@@ -3851,14 +3852,15 @@ def _ca_scan_piece(p, T, phase, base, raws, his, los, wds, pat, vals, cap, ab, r
     res[p, 1] = m
 
 
-def _ca_scan_span(bs, rs, his, los, wds, pp, ab):
+def _ca_scan_span(bs, rs, his, los, wds, pp, ab, s32):
     """One block of ca_scan, the models written out (generated for their count when compiled, as _ca_span):
     pp[j] = 1 + the first model whose |tau| meets its window on a slot free for sure (0: none), ab[k] += the free
-    slots above model k's window; returns (positions marked, non-finite tau count)."""
+    slots above model k's window (s32: a (2, n) uint32 scratch for the marks); returns (positions marked,
+    non-finite tau count)."""
 
 
 @overload(_ca_scan_span)
-def _ca_scan_span_impl(bs, rs, his, los, wds, pp, ab):
+def _ca_scan_span_impl(bs, rs, his, los, wds, pp, ab, s32):
     return _defined(_ca_pass_src(len(rs), False))
 
 
@@ -3868,36 +3870,45 @@ def _ca_pass_src(K: int, merge: bool) -> str:
     (pp: 1 + the first model meeting its window on such a slot) and the counts above the windows (ab); with `merge`,
     the element merged as _ca_span merges it with each model keeping where it is free for sure and at or above its
     window (no model keeps at a marked slot)."""
-    args = "bs, rs, his, los, wds, ws, o, pt, pp, ab" if merge else "bs, rs, his, los, wds, pp, ab"
+    args = "bs, rs, his, los, wds, ws, o, pt, pp, ab, s32" if merge else "bs, rs, his, los, wds, pp, ab, s32"
     lines = [f"def f({args}):", "    c = np.int32(0)"]
     lines += ["    zero = np.float32(0.0)", "    bad = np.uint32(0)", "    nz = np.int32(0)"] if merge else [
         "    bad = np.int32(0)"]
     for k in range(K):
         lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
                   f"    a{k} = np.int32(0)"] + ([f"    w{k} = ws[{k}]"] if merge else [])
-    lines += ["    for j in range(bs.shape[0]):", "        b = as_f32(bs, j)", "        ok = True",
+    # the marks into uint32 rows of s32, made bytes after the loop (as _fused_src's: LLVM narrows them otherwise)
+    lines += ["    n = bs.shape[0]", "    q32 = _rowspan(s32, 0, 0, n)", "    p32 = _rowspan(s32, 1, 0, n)"]
+    lines += ["    for j in range(n):", "        b = as_f32(bs, j)", "        ok = True",
               "        p = np.uint32(0)"]
     for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
         lines += [f"        x{k} = as_f32(r{k}, j) - b",
-                  f"        u = _f32_as_u32(abs(x{k}))"]
+                  f"        u{k} = _f32_as_u32(abs(x{k}))"]
         if not merge:
-            lines.append("        bad = _inc(bad, u >= _EXP)")
-        lines += [f"        up = u >= h{k}",
-                  f"        iw = np.uint32(u - l{k}) < d{k}",
+            lines.append(f"        bad = _inc(bad, u{k} >= _EXP)")
+        lines += [f"        up = u{k} >= h{k}",
+                  f"        iw = np.uint32(u{k} - l{k}) < d{k}",
                   f"        k{k} = ok & up",
                   f"        a{k} = _inc(a{k}, k{k})",
                   f"        p = np.uint32(p | np.uint32(np.uint32(ok & iw) * np.uint32({k + 1})))"]
         if merge:
             lines.append(f"        v{k} = x{k} if k{k} else zero")
         lines.append("        ok = ok & (not (up | iw))")
-    if merge:
-        lines.append("        g = " + " + ".join(f"_nf(x{k})" for k in range(K)))
-        lines.append("        pt[j] = " + " | ".join(f"(np.uint8({1 << k}) if v{k} != zero else np.uint8(0))"
-                                                    for k in range(K)))
+    if merge:  # the flag from the largest |x_k|'s bits (as _fused_src's: no x_k held to the end for _nf)
+        g = "u0"
+        for k in range(1, K):
+            g = f"max({g}, u{k})"
+        lines.append("        g = " + g)
+        lines.append("        q32[j] = " + " | ".join(f"(np.uint32({1 << k}) if v{k} != zero else np.uint32(0))"
+                                                     for k in range(K)))
         lines.append("        t = v0 * w0")
         lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
-        lines += ["        o[j] = t", "        bad = max(bad, _flag(g + _nf(t)))", "        nz = _inc(nz, t != zero)"]
-    lines += ["        pp[j] = np.uint8(p)", "        c = _inc(c, p != np.uint32(0))"]
+        lines += ["        o[j] = t", "        bad = max(bad, max(g, _flag(_nf(t))))", "        nz = _inc(nz, t != zero)"]
+    lines += ["        p32[j] = p", "        c = _inc(c, p != np.uint32(0))"]
+    lines += ["    for j in range(n):", "        pp[j] = np.uint8(p32[j])"]
+    if merge:
+        lines += ["    for j in range(n):", "        pt[j] = np.uint8(q32[j])",
+                  "    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)"]
     lines += [f"    ab[{k}] += a{k}" for k in range(K)]
     lines.append("    return c, bad, nz" if merge else "    return c, bad")
     return "\n".join(lines) + "\n"
@@ -4003,6 +4014,7 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
     end = cap * (p + 1) // T
     pp = np.empty(_BLOCK, np.uint8)
     pt = np.empty(_BLOCK, np.uint8)
+    s32 = np.empty((2, _BLOCK), np.uint32)  # the span's marks (see _ca_pass_src)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)
     hp, abp = h4[4 * p:4 * p + 4], ab[p]  # the piece's rows, taken once
@@ -4014,7 +4026,8 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
         L = e - s
         rs = _slices(raws, s, e)
         dst = _span(ob, 0, L) if emit else _span(out, s, e)
-        c, b, z = _ca_merge_span(_span(base, s, e), rs, his, los, wds, wf, dst, _span(pt, 0, L), _span(pp, 0, L), abp)
+        c, b, z = _ca_merge_span(_span(base, s, e), rs, his, los, wds, wf, dst, _span(pt, 0, L), _span(pp, 0, L), abp,
+                                 s32)
         _count_bytes(_span(pt, 0, L), hp)
         bad = max(bad, b)
         nz += z
@@ -4031,15 +4044,16 @@ def _ca_merge_piece(p, T, phase, base, raws, his, los, wds, wf, out, oraw, sc, e
     res[p, 3] = min(bo, 1)
 
 
-def _ca_merge_span(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+def _ca_merge_span(bs, rs, his, los, wds, ws, o, pt, pp, ab, s32):
     """One block of ca_merge_scan, the models written out (generated for their count when compiled, as _ca_span):
     pp[j] as _ca_scan_span's, ab[k] += the free slots above model k's window, o[j] and pt[j] as _ca_span's with
-    model k keeping where the slot is free for sure and |tau_k| >= his[k] (no model keeps at an entry). Returns
-    (positions marked, non-finite flag (see _nf), nonzeros of o)."""
+    model k keeping where the slot is free for sure and |tau_k| >= his[k] (no model keeps at an entry); s32: a
+    (2, n) uint32 scratch for the marks. Returns (positions marked, non-finite flag (1 where an |x_k| or a sum is not
+    finite, else 0), nonzeros of o)."""
 
 
 @overload(_ca_merge_span)
-def _ca_merge_span_impl(bs, rs, his, los, wds, ws, o, pt, pp, ab):
+def _ca_merge_span_impl(bs, rs, his, los, wds, ws, o, pt, pp, ab, s32):
     return _defined(_ca_pass_src(len(rs), True))
 
 
