@@ -3108,7 +3108,7 @@ def _deferred_piece(base, raws, lo, hi, tv, tf, dv, wv, consensus, normalize, ou
     pp = np.empty(_BLOCK, np.uint8)
     idx = np.empty(_BLOCK, np.int64)
     ob = np.empty(_BLOCK, np.float32)  # the merged block where the output is written (out is not touched)
-    s32 = np.empty((2, _BLOCK), np.uint32)
+    s32 = np.empty((2, _BLOCK), np.uint32)  # _fused_span's marks
     wl, ww, pw = _folded(tv2, los, wds, los2, wds2, his2, pp)  # once: a tuple of arrays made per block counts them
     bad = 0
     nz = 0
