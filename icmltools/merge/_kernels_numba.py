@@ -2752,6 +2752,36 @@ def _fused_kept(k: int, dare: bool, band: bool, windows: bool) -> list:
     return lines + [f"{ind}v{k} = x{k} if (a{k} > t{k}) | (f{k} & e{k}) else zero"]
 
 
+def _bits_src(K: int, cond: str) -> str:
+    """A generated loop's expression of K models' mark bits in uint32: bit k where `cond` (with {k}) holds. uint32,
+    stored to a row of a uint32 scratch and made bytes after the loop (_bytes_src): LLVM narrows such an OR made
+    uint8 to byte operations and packs each model's compare to bytes first (AVX2: 3 instructions a model and row,
+    more than the ORs; Decisions, session 50)."""
+    return " | ".join(f"(np.uint32({1 << k}) if {cond.format(k=k)} else np.uint32(0))" for k in range(K))
+
+
+def _marks_src(*rows: str) -> list:
+    """The lines before a generated loop that name its uint32 mark rows (rows of the scratch s32, n long)."""
+    return ["    n = bs.shape[0]"] + [f"    {r} = _rowspan(s32, {i}, 0, n)" for i, r in enumerate(rows)]
+
+
+def _bytes_src(*pairs) -> list:
+    """The lines after a generated loop that make each uint32 mark row (src) the caller's byte row (dst)."""
+    return [line for dst, src in pairs for line in ("    for j in range(n):", f"        {dst}[j] = np.uint8({src}[j])")]
+
+
+def _max_src(terms: list) -> str:
+    """max over `terms`, nested (a generated loop's flag: the largest |x_k|'s bits, _EXP or more where one is not
+    finite, so no x_k is held to the loop's end for _nf)."""
+    got = terms[0]
+    for t in terms[1:]:
+        got = f"max({got}, {t})"
+    return got
+
+
+_FLAG_01 = "    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)"  # a flag of bits (_EXP or more: not finite) as 0/1
+
+
 def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) -> str:
     """The source of _fused_span for K models (x{k}: tau, v{k}: kept value, model k's scalars hoisted). With band
     and windows (Breadcrumbs' deferred pass): wl = (los, los2, his2), ww = (wds, wds2), both windows marked and
@@ -2768,9 +2798,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
     add = lines.append
     for k in range(K):
         lines += _fused_hoisted(k, dare, band, windows)
-    # the marks into uint32 rows, made bytes after the loop: LLVM narrows an OR of bools made uint8 to bytes and
-    # packs each model's compare to bytes first (AVX2: 3 instructions a model and row, more than the ORs)
-    lines += ["    n = bs.shape[0]", "    q32 = _rowspan(s32, 0, 0, n)", "    w32 = _rowspan(s32, 1, 0, n)"]
+    lines += _marks_src("q32", "w32")  # the marks in uint32 rows (_bits_src)
     for consensus in (False, True):
         add(f"    if {'' if consensus else 'not '}consensus:")
         add("        for j in range(bs.shape[0]):")
@@ -2779,18 +2807,13 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add(f"            x{k} = as_f32(r{k}, j) - b")
             lines += _fused_kept(k, dare, band, windows)
         if windows:
-            add("            w32[j] = " + " | ".join(f"(np.uint32({1 << k}) if i{k} else np.uint32(0))"
-                                                 for k in range(K)))
+            add("            w32[j] = " + _bits_src(K, "i{k}"))
             add("            cw = _inc(cw, " + " | ".join(f"i{k}" for k in range(K)) + ")")  # bools: 32-bit lanes
         if dare:
             add("            c = " + " + ".join(f"_nf(x{k})" for k in range(K)))
-        else:  # the largest |x_k|'s bits: _EXP or more where one is not finite (no x_k kept to the end for _nf)
-            cs = "_f32_as_u32(a0)"
-            for k in range(1, K):
-                cs = f"max({cs}, _f32_as_u32(a{k}))"
-            add("            c = " + cs)
-        add("            q32[j] = " + " | ".join(f"(np.uint32({1 << k}) if v{k} != zero else np.uint32(0))"
-                                             for k in range(K)))
+        else:
+            add("            c = " + _max_src([f"_f32_as_u32(a{k})" for k in range(K)]))
+        add("            q32[j] = " + _bits_src(K, "v{k} != zero"))
         add("            t = v0 * w0")
         for k in range(1, K):
             add(f"            t = t + v{k} * w{k}")
@@ -2814,12 +2837,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
         add("            o[j] = acc")
         add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))" if dare
             else "            bad = max(bad, max(c, _flag(_nf(t) + _nf(acc))))")
-    add("    for j in range(n):")
-    add("        pt[j] = np.uint8(q32[j])")
-    if windows:
-        add("    for j in range(n):")
-        add("        pw[j] = np.uint8(w32[j])")
-    add("    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)")  # _flag's bits (_EXP or more: not finite)
+    lines += _bytes_src(("pt", "q32"), *([("pw", "w32")] if windows else [])) + [_FLAG_01]
     add("    return bad, np.int64(nz), (q0, q1, q2, q3), (q4, q5, q6, q7), np.int64(cw)")
     return "\n".join(lines) + "\n"
 
@@ -3877,8 +3895,7 @@ def _ca_pass_src(K: int, merge: bool) -> str:
     for k in range(K):
         lines += [f"    r{k} = rs[{k}]", f"    h{k} = his[{k}]", f"    l{k} = los[{k}]", f"    d{k} = wds[{k}]",
                   f"    a{k} = np.int32(0)"] + ([f"    w{k} = ws[{k}]"] if merge else [])
-    # the marks into uint32 rows of s32, made bytes after the loop (as _fused_src's: LLVM narrows them otherwise)
-    lines += ["    n = bs.shape[0]", "    q32 = _rowspan(s32, 0, 0, n)", "    p32 = _rowspan(s32, 1, 0, n)"]
+    lines += _marks_src("q32", "p32")  # the marks in uint32 rows (_bits_src)
     lines += ["    for j in range(n):", "        b = as_f32(bs, j)", "        ok = True",
               "        p = np.uint32(0)"]
     for k in range(K):  # ok: no model before k kept the slot or can have kept it, whatever the thresholds
@@ -3894,21 +3911,15 @@ def _ca_pass_src(K: int, merge: bool) -> str:
         if merge:
             lines.append(f"        v{k} = x{k} if k{k} else zero")
         lines.append("        ok = ok & (not (up | iw))")
-    if merge:  # the flag from the largest |x_k|'s bits (as _fused_src's: no x_k held to the end for _nf)
-        g = "u0"
-        for k in range(1, K):
-            g = f"max({g}, u{k})"
-        lines.append("        g = " + g)
-        lines.append("        q32[j] = " + " | ".join(f"(np.uint32({1 << k}) if v{k} != zero else np.uint32(0))"
-                                                     for k in range(K)))
+    if merge:
+        lines.append("        g = " + _max_src([f"u{k}" for k in range(K)]))
+        lines.append("        q32[j] = " + _bits_src(K, "v{k} != zero"))
         lines.append("        t = v0 * w0")
         lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
-        lines += ["        o[j] = t", "        bad = max(bad, max(g, _flag(_nf(t))))", "        nz = _inc(nz, t != zero)"]
+        lines += ["        o[j] = t", "        bad = max(bad, max(g, _flag(_nf(t))))",
+                  "        nz = _inc(nz, t != zero)"]
     lines += ["        p32[j] = p", "        c = _inc(c, p != np.uint32(0))"]
-    lines += ["    for j in range(n):", "        pp[j] = np.uint8(p32[j])"]
-    if merge:
-        lines += ["    for j in range(n):", "        pt[j] = np.uint8(q32[j])",
-                  "    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)"]
+    lines += _bytes_src(("pp", "p32"), *([("pt", "q32")] if merge else [])) + ([_FLAG_01] if merge else [])
     lines += [f"    ab[{k}] += a{k}" for k in range(K)]
     lines.append("    return c, bad, nz" if merge else "    return c, bad")
     return "\n".join(lines) + "\n"

@@ -615,9 +615,10 @@ DEFERRED = {"tried": 0, "found": 0}  # deferred passes run, and those whose thre
 _DEFER_SEGMENT = 1 << 24
 _DEFER_MOST = 0.25  # the sample's share of elements in the windows (summed over the models) a deferral takes at most
 # the deferred pass's sample: 512 runs of _SAMPLE_WIDTH (2^17 elements). Its windows are the sample's quantiles 4
-# standard errors either side of each k, so twice the sample narrows them by about 1/sqrt(2) and the pass stores
-# fewer entries, which its select and fix then handle (session 50, Decisions: the benchmark's TIES windows held
-# 5.8 % of the elements with 256 runs, 4.3 % with 512; the scan's and CA-magnitude's samples stay 256 runs)
+# standard errors either side of each k (twice the sample: the standard error / sqrt(2)), in whole buckets, so the
+# pass stores fewer entries for its select and fix (session 50, Decisions: the benchmark's TIES windows spanned 3-6
+# buckets and held 5.8 % of the elements with 256 runs, 1-5 and 4.3 % with 512; the scan's and CA-magnitude's
+# samples stay 256 runs)
 _DEFER_SAMPLE_BLOCKS = 512
 
 
