@@ -531,6 +531,39 @@ def test_numba_runtime_loads_from_its_cache_file_and_recompiles_a_corrupt_one(tm
     assert run() == ["2", "True", "10"]
 
 
+def test_numba_cache_saved_by_processes_at_once_keeps_every_signature_with_its_own_code(tmp_path):
+    """Processes that save numba cache entries of one function at once (pytest-xdist's workers compiling a cold
+    cache) keep every entry, each with its own data: four processes, 40 signatures each, into one index, with
+    numba loaded as the commands load it (core.device.load_numba: the saves under a lock). numba's own save took
+    one data file name in two processes and kept 57-63 of the 160, 30-34 of those with another's data."""
+    pytest.importorskip("numba")
+    import subprocess
+    import sys
+    import time
+
+    go = tmp_path / "go"
+    code = ("import os, sys, time\n"
+            "from icmltools.core import device\n"
+            "device.load_numba()\n"
+            "from numba.core import caching\n"
+            "f = caching.IndexDataCacheFile(sys.argv[1], 'fn-1.py311', ('stamp', 1))\n"
+            "open(sys.argv[3] + sys.argv[2], 'w').close()\n"
+            "while not os.path.exists(sys.argv[3]):\n"
+            "    time.sleep(0.001)\n"
+            "for i in range(40):\n"
+            "    f.save((f'sig{sys.argv[2]}-{i}', 'cpu'), f'data {sys.argv[2]} {i}')\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(w), str(go)]) for w in range(4)]
+    while not all((tmp_path / f"go{w}").exists() for w in range(4)) and all(p.poll() is None for p in procs):
+        time.sleep(0.01)  # each has loaded numba and waits for `go`
+    go.write_text("")
+    assert [p.wait(timeout=120) for p in procs] == [0] * 4
+    from numba.core import caching
+
+    f = caching.IndexDataCacheFile(str(tmp_path), "fn-1.py311", ("stamp", 1))
+    got = {(w, i): f.load((f"sig{w}-{i}", "cpu")) for w in range(4) for i in range(40)}
+    assert got == {(w, i): f"data {w} {i}" for w in range(4) for i in range(40)}
+
+
 def test_a_swallowed_ctrl_c_still_ends_the_command_as_interrupted(tmp_path):
     """A library that catches the KeyboardInterrupt of a Ctrl-C and goes on (a callback from C does: PySCIPOpt's
     printed it and SCIP's teardown went on, seen 2026-12-02) must not let the command finish as if none had

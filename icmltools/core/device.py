@@ -142,6 +142,7 @@ def load_numba():
             if sys.modules.get("scipy.linalg", 0) is None:
                 del sys.modules["scipy.linalg"]
     _cache_loads_without_refresh()
+    _cache_files_locked()
     _linking_modules_on_demand()
     _runtime_from_cache()
     return numba
@@ -256,6 +257,56 @@ def _cache_loads_without_refresh() -> None:
 
     load_overload._lean = True
     cls.load_overload = load_overload
+
+
+def _cache_files_locked() -> None:
+    """Let several processes save and load numba's cache of one function at once (pytest-xdist's workers, two
+    commands run side by side), each save and load of its index and data under a lock of the index's file
+    (`flock` of `<index>.lock`: exclusive to save, shared to load).
+
+    numba 0.68 saves a new entry by reading the index, taking the first data file name it does not list, writing
+    the index, then the data: two processes that save different signatures of one function at once take the same
+    name, and the index kept (the last written) can name the other's data. Four processes saving 40 signatures
+    each into one index, unlocked: 57-63 of the 160 found again, 30-34 of those with another signature's data (a
+    lookup then gets another signature's compiled code; our reading of a typing error in the merge tests' first run
+    after their loops changed, session 50). Where the lock file cannot be opened (a cache folder we cannot write,
+    where numba does not save either), or on a platform without `fcntl`, numba's own."""
+    try:
+        import fcntl
+        import os
+    except ImportError:  # pragma: no cover - not POSIX
+        return
+    from numba.core import caching
+
+    cls = caching.IndexDataCacheFile
+    own_save, own_load = getattr(cls, "save", None), getattr(cls, "load", None)
+    if own_save is None or own_load is None or getattr(own_save, "_locked", False):
+        return
+
+    @contextlib.contextmanager
+    def locked(self, kind):
+        fd = None
+        try:
+            fd = os.open(self._index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, kind)
+        except (AttributeError, OSError):  # no lock to be had (a file system without flock): numba's own
+            pass
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)  # closing it releases the lock
+
+    def save(self, key, data):
+        with locked(self, fcntl.LOCK_EX):
+            return own_save(self, key, data)
+
+    def load(self, key):
+        with locked(self, fcntl.LOCK_SH):
+            return own_load(self, key)
+
+    save._locked = True
+    cls.save, cls.load = save, load
 
 
 def numba_jit(fn, interleave: int | None = None, **opts):
