@@ -2779,6 +2779,12 @@ def _max_src(terms: list) -> str:
     return got
 
 
+def _bad_src(c: str, terms: str, summed: bool) -> str:
+    """A generated loop's line that folds one element's flag into `bad`: `c` (a sum of _nf terms where `summed`,
+    DARE's; else the largest |x_k|'s bits, _max_src) with the _nf terms of its results."""
+    return f"bad = max(bad, _flag({c} + {terms}))" if summed else f"bad = max(bad, max({c}, _flag({terms})))"
+
+
 _FLAG_01 = "    bad = np.uint32(1) if bad >= _EXP else np.uint32(0)"  # a flag of bits (_EXP or more: not finite) as 0/1
 
 
@@ -2819,8 +2825,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
             add(f"            t = t + v{k} * w{k}")
         if not consensus:
             add("            o[j] = t")
-            add("            bad = max(bad, _flag(c + _nf(t)))" if dare
-                else "            bad = max(bad, max(c, _flag(_nf(t))))")
+            add("            " + _bad_src("c", "_nf(t)", dare))
             add("            nz = _inc(nz, t != zero)")
             continue
         add("            sg = np.float32(t > zero) - np.float32(t < zero) + (pz if t == zero else zero)")
@@ -2835,8 +2840,7 @@ def _fused_src(K: int, dare: bool, band: bool = False, windows: bool = False) ->
         add("            if normalize:")
         add("                acc = acc / (one if div == zero else div)")
         add("            o[j] = acc")
-        add("            bad = max(bad, _flag(c + _nf(t) + _nf(acc)))" if dare
-            else "            bad = max(bad, max(c, _flag(_nf(t) + _nf(acc))))")
+        add("            " + _bad_src("c", "_nf(t) + _nf(acc)", dare))
     lines += _bytes_src(("pt", "q32"), *([("pw", "w32")] if windows else [])) + [_FLAG_01]
     add("    return bad, np.int64(nz), (q0, q1, q2, q3), (q4, q5, q6, q7), np.int64(cw)")
     return "\n".join(lines) + "\n"
@@ -3916,8 +3920,7 @@ def _ca_pass_src(K: int, merge: bool) -> str:
         lines.append("        q32[j] = " + _bits_src(K, "v{k} != zero"))
         lines.append("        t = v0 * w0")
         lines += [f"        t = t + v{k} * w{k}" for k in range(1, K)]
-        lines += ["        o[j] = t", "        bad = max(bad, max(g, _flag(_nf(t))))",
-                  "        nz = _inc(nz, t != zero)"]
+        lines += ["        o[j] = t", "        " + _bad_src("g", "_nf(t)", False), "        nz = _inc(nz, t != zero)"]
     lines += ["        p32[j] = p", "        c = _inc(c, p != np.uint32(0))"]
     lines += _bytes_src(("pp", "p32"), *([("pt", "q32")] if merge else [])) + ([_FLAG_01] if merge else [])
     lines += [f"    ab[{k}] += a{k}" for k in range(K)]

@@ -202,13 +202,11 @@ WINDOW_MIN = 1 << 21  # smaller tensors: the low pass is short, no sample
 _SAMPLE_BLOCKS, _SAMPLE_WIDTH = 256, 256  # the sample: 256 runs of 256 elements, evenly spaced (2^16 elements)
 
 
-def _sample_starts(n: int, blocks: int | None = None):
-    """The first element of each of the sample's runs over a tensor of n elements (evenly spaced, the last at
-    its end): `blocks` runs (_SAMPLE_BLOCKS where None: radix_select_tau and ca_thresholds; topk_merge_deferred
-    takes _DEFER_SAMPLE_BLOCKS)."""
+def _sample_starts(n: int, blocks: int = _SAMPLE_BLOCKS):
+    """The first element of each of the sample's `blocks` runs over a tensor of n elements (evenly spaced, the last
+    at its end): radix_select_tau and ca_thresholds take _SAMPLE_BLOCKS, topk_merge_deferred _DEFER_SAMPLE_BLOCKS."""
     import numpy as np
 
-    blocks = _SAMPLE_BLOCKS if blocks is None else blocks
     return (np.arange(blocks, dtype=np.int64) * (n - _SAMPLE_WIDTH)) // (blocks - 1)
 
 
