@@ -42,6 +42,12 @@ def _jit_once(fn):
     return _jit(fn, interleave=1)
 
 
+def _inlined(fn):
+    """_jit for a piece's body called by one piece function only: numba copies its code into the caller's before
+    typing it (`inline='always'`), so it is not compiled apart and then optimised again inside the caller."""
+    return numba_jit(fn, inline="always")[0]
+
+
 def _pjit(fn):
     """A loop spread over numba's threads (`prange`; :func:`icmltools.core.device.set_threads` sizes them): each
     element, block or piece is computed by the same serial code whatever the thread count, so the results do
@@ -2400,7 +2406,7 @@ def _combine_block(tb, L, ws, weighted, consensus, normalize, o, pt, h4, sc):
     return bad, nz
 
 
-@_jit
+@_inlined
 def _merge_piece(base, raws, lo, hi, dare, modes, thrs, alls, lefts, seen, masks, ds, ws, weighted, consensus,
                  normalize, out, h4, oraw, sc, emit, band, seen2):
     """topk_merge_raw (dare False: each model pruned by its TopK, seen[k] its ties so far) or dare_merge_raw
@@ -2482,7 +2488,7 @@ def _add_ties(modes, packed, seen):
             seen[k] += _unpack(packed, k)
 
 
-@_jit
+@_inlined
 def _counted_block(base, raws, s, e, rs, modes, thrs, alls, lefts, seen, tv, tf, dv, wv, ws, weighted, consensus,
                    normalize, dst, pat, h4, tb, scr, band, seen2, tv2, tf2, s32):
     """One top-k block [s, e) where a quota of ties may run out: its ties counted first; where one does, the block
@@ -3638,7 +3644,7 @@ def _nm_piece(p, T, phase, base, raws, K, align, sb, ns, ms, use_taken, pad_tail
     res[p, 2] = bo
 
 
-@_jit
+@_inlined
 def _nm_merge_piece(base, raws, K, lo, hi, sb, ns, ms, use_taken, pad_tail, ws, weighted, out, oraw, sc, emit,
                     short, h4, pairs, net):
     """nm_merge_raw over [lo, hi), span by span: each model's tau in a scratch row, pruned by _nm_blocks in the
