@@ -43,8 +43,10 @@ def _jit_once(fn):
 
 
 def _inlined(fn):
-    """_jit for a piece's body called by one piece function only: numba copies its code into the caller's before
-    typing it (`inline='always'`), so it is not compiled apart and then optimised again inside the caller."""
+    """_jit for a loop body called from one place (a piece function's body, or that body's block): numba copies its
+    code into the caller's before typing it (`inline='always'`). A jitted callee is compiled on its own, then its
+    code is linked into each caller, where LLVM optimises and compiles it again (docs/merge-engine.md, Decisions,
+    session 52)."""
     return numba_jit(fn, inline="always")[0]
 
 
